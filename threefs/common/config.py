@@ -1,0 +1,91 @@
+"""Configuration files (TOML) of services and clients, as typed structs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+
+from threefs.common.status import StatusCode, status_error
+
+
+class TargetConfig(msgspec.Struct):
+    target_id: int
+    path: str
+
+
+class ServiceConfig(msgspec.Struct, kw_only=True):
+    type: str  # mgmtd | meta | storage
+    name: str  # e.g. storage-1
+    node_id: int
+    listen_host: str = "127.0.0.1"
+    port: int = 0
+    advertise_host: str = ""  # defaults to listen_host
+    mgmtd: list[str] = []  # mgmtd addresses host:port
+    token_file: str = ""
+    kv: str = ""  # KV URL (mgmtd, meta)
+    targets: list[TargetConfig] = []  # storage
+    failure_domain: str = ""
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0
+    chain_update_interval_s: float = 0.5
+    gc_interval_s: float = 0.5
+    fsync: bool = False
+    metrics_port: int = 0  # 0 = no Prometheus endpoint
+    log_level: str = "INFO"
+
+    @property
+    def addr(self) -> str:
+        return f"{self.advertise_host or self.listen_host}:{self.port}"
+
+
+class ClientConfig(msgspec.Struct, kw_only=True):
+    mgmtd: list[str]
+    token: str
+    timeout_s: float = 30.0
+    cluster_dir: str = ""
+
+
+def load_toml(path: str | Path, type_: type):
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise status_error(StatusCode.NOT_FOUND, f"config file {path} does not exist") from None
+    try:
+        return msgspec.toml.decode(data, type=type_)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise status_error(StatusCode.INVALID_ARGUMENT, f"config file {path}: {e}") from None
+
+
+def save_toml(path: str | Path, obj, mode: int = 0o644) -> None:
+    """Atomic write (temp + rename) so a crash never leaves a half-written config."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(msgspec.toml.encode(obj))
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def read_token(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except FileNotFoundError:
+        raise status_error(StatusCode.NOT_FOUND, f"token file {path} does not exist") from None
+
+
+def find_client_config(explicit: str | None = None) -> Path:
+    """--config, then $THREEFS_CONFIG, then ./.threefs/client.toml."""
+    for candidate in (explicit, os.environ.get("THREEFS_CONFIG"), ".threefs/client.toml"):
+        if candidate:
+            if Path(candidate).is_file():
+                return Path(candidate)
+            if candidate is explicit or candidate == os.environ.get("THREEFS_CONFIG"):
+                raise status_error(StatusCode.NOT_FOUND, f"client config {candidate} does not exist")
+    raise status_error(
+        StatusCode.NOT_FOUND,
+        "no client config: pass --config FILE, set THREEFS_CONFIG, or run `threefs up` here "
+        "(it writes ./.threefs/client.toml)",
+    )

@@ -1,0 +1,176 @@
+"""RPC client: one multiplexed connection per peer, request ids, deadlines, typed errors.
+
+    rsp, payload = await rpc.call("127.0.0.1:9000", "storage.read", req, ReadRsp,
+                                  recv_into=memoryview(buf))
+
+A response payload lands directly in `recv_into` when given (zero-copy read path), otherwise in a fresh
+buffer. A response that arrives after its caller gave up is drained into a throw-away buffer, so a
+caller's memory is never written after `call` returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import uuid
+
+import msgspec
+
+from threefs.common import limits
+from threefs.common.status import StatusCode, ThreeFSError, UnavailableError, status_error
+from threefs.rpc.frame import KIND_HELLO, KIND_REQUEST, Header, body_encoder
+from threefs.rpc.schemas.common import Hello, HelloRsp
+from threefs.rpc.transport import FramedProtocol
+
+log = logging.getLogger(__name__)
+
+_decoders: dict[type, msgspec.msgpack.Decoder] = {}
+
+
+def _decoder(t: type) -> msgspec.msgpack.Decoder:
+    d = _decoders.get(t)
+    if d is None:
+        d = _decoders[t] = msgspec.msgpack.Decoder(t)
+    return d
+
+
+def as_bytes_view(buf) -> memoryview:
+    """A flat unsigned-byte view of any contiguous buffer (bytes, bytearray, numpy, mmap)."""
+    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    return mv
+
+
+class _Pending:
+    __slots__ = ("future", "recv_into")
+
+    def __init__(self, future: asyncio.Future, recv_into: memoryview | None):
+        self.future = future
+        self.recv_into = recv_into
+
+
+class ClientConnection(FramedProtocol):
+    def __init__(self, addr: str):
+        super().__init__()
+        self.addr = addr
+        self.pending: dict[int, _Pending] = {}
+        self._ids = itertools.count(1)
+
+    def allocate_payload(self, header: Header, nbytes: int) -> memoryview:
+        p = self.pending.get(header.rid)
+        if p is not None and p.recv_into is not None and not p.future.done():
+            if len(p.recv_into) >= nbytes:
+                return p.recv_into[:nbytes]
+        return memoryview(bytearray(nbytes))
+
+    def frame_received(self, header: Header, payload: memoryview | None) -> None:
+        if header.rid == 0 and header.status:  # connection-level error from the server
+            self._fail_all(status_error(header.status, f"{self.addr}: {header.message}"))
+            return
+        p = self.pending.pop(header.rid, None)
+        if p is None or p.future.done():
+            return  # the caller gave up (deadline); payload was drained into a scratch buffer
+        if header.status:
+            p.future.set_exception(status_error(header.status, header.message))
+        else:
+            p.future.set_result((header, payload))
+
+    def connection_lost(self, exc) -> None:
+        super().connection_lost(exc)
+        self._fail_all(UnavailableError(StatusCode.UNAVAILABLE, f"connection to {self.addr} lost"
+                                        + (f": {exc}" if exc else "")))
+
+    def _fail_all(self, err: ThreeFSError) -> None:
+        pending, self.pending = self.pending, {}
+        for p in pending.values():
+            if not p.future.done():
+                p.future.set_exception(err)
+
+    async def request(self, kind: int, method: str, body: bytes, payload, recv_into,
+                      timeout: float) -> tuple[Header, memoryview | None]:
+        rid = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[rid] = _Pending(fut, recv_into)
+        header = Header(kind, rid, method=method, timeout_ms=int(timeout * 1000),
+                        body=msgspec.Raw(body))
+        try:
+            await self.send(header, payload)
+            return await fut
+        except ConnectionError as e:
+            raise UnavailableError(StatusCode.UNAVAILABLE, f"{method} to {self.addr}: {e}") from e
+        finally:
+            self.pending.pop(rid, None)
+
+
+class RpcClient:
+    """Connection pool + typed calls. Safe to share by all tasks of one event loop."""
+
+    def __init__(self, token: str, *, client_id: str | None = None,
+                 connect_timeout: float = limits.CONNECT_TIMEOUT_S):
+        self.token = token
+        self.client_id = client_id or uuid.uuid4().hex
+        self.connect_timeout = connect_timeout
+        self._conns: dict[str, ClientConnection] = {}
+        self._connecting: dict[str, asyncio.Task] = {}
+
+    async def _connect(self, addr: str) -> ClientConnection:
+        host, _, port = addr.rpartition(":")
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(lambda: ClientConnection(addr), host, int(port))
+                body = body_encoder.encode(Hello(token=self.token, client_id=self.client_id))
+                header, _ = await conn.request(KIND_HELLO, "hello", body, None, None, self.connect_timeout)
+                msgspec.msgpack.decode(header.body, type=HelloRsp)
+        except (OSError, TimeoutError) as e:
+            if isinstance(e, ThreeFSError) and e.code == StatusCode.AUTH_FAILED:
+                raise
+            raise UnavailableError(StatusCode.UNAVAILABLE, f"cannot connect to {addr}: "
+                                   f"{type(e).__name__} {e}".rstrip()) from e
+        return conn
+
+    async def connection(self, addr: str) -> ClientConnection:
+        conn = self._conns.get(addr)
+        if conn is not None and not conn.is_closing():
+            return conn
+        task = self._connecting.get(addr)
+        if task is None:
+            task = asyncio.ensure_future(self._connect(addr))
+            self._connecting[addr] = task
+            task.add_done_callback(lambda _t, a=addr: self._connecting.pop(a, None))
+        conn = await asyncio.shield(task)
+        self._conns[addr] = conn
+        return conn
+
+    async def call(self, addr: str, method: str, req: msgspec.Struct, rsp_type: type, *,
+                   payload=None, recv_into=None, timeout: float | None = None):
+        """Call `method` at `addr`; returns (response, payload view or None). Raises ThreeFSError."""
+        timeout = timeout or limits.CALL_TIMEOUT_S_DEFAULT
+        if payload is not None:
+            payload = as_bytes_view(payload)
+        if recv_into is not None:
+            recv_into = as_bytes_view(recv_into)
+        try:
+            async with asyncio.timeout(timeout):
+                conn = await self.connection(addr)
+                header, out = await conn.request(KIND_REQUEST, method, body_encoder.encode(req),
+                                                 payload, recv_into, timeout)
+        except TimeoutError as e:
+            raise status_error(StatusCode.TIMEOUT,
+                               f"{method} to {addr} timed out after {timeout:.1f} s") from e
+        try:
+            return _decoder(rsp_type).decode(header.body), out
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise status_error(StatusCode.PROTOCOL_ERROR, f"bad {method} response from {addr}: {e}")
+
+    def drop(self, addr: str) -> None:
+        conn = self._conns.pop(addr, None)
+        if conn is not None and conn.transport is not None:
+            conn.transport.close()
+
+    async def close(self) -> None:
+        for addr in list(self._conns):
+            self.drop(addr)
+        await asyncio.sleep(0)

@@ -1,0 +1,116 @@
+"""Wire schema of the storage service: chunk updates (CRAQ), batch reads, queries."""
+
+from __future__ import annotations
+
+import msgspec
+
+WRITE = 1
+TRUNCATE = 2
+REMOVE = 3
+
+
+class RequestTag(msgspec.Struct, array_like=True):
+    client_id: str
+    request_id: int  # unique per client; a retry reuses it (exactly-once)
+
+
+class UpdateReq(msgspec.Struct):
+    chain_id: int
+    chain_ver: int
+    chunk_id: bytes
+    kind: int  # WRITE / TRUNCATE / REMOVE
+    offset: int = 0
+    length: int = 0  # bytes of payload for WRITE; new chunk length for TRUNCATE
+    chunk_size: int = 0
+    crc: int = 0  # CRC32C of the payload, checked on arrival
+    tag: RequestTag | None = None
+    update_ver: int = 0  # 0 from a client; the head assigns commit_ver + 1
+    full_replace: bool = False  # payload is the whole chunk (resync, or repair of a lagging replica)
+    from_target: int = 0  # 0 = from a client, else the predecessor's target id
+    sync: bool = False  # resync: replace the chunk and its versions unconditionally
+
+
+class UpdateRsp(msgspec.Struct):
+    commit_ver: int
+    length: int
+    crc: int  # CRC32C of the whole committed chunk: predecessors compare it with their own
+    removed: bool = False
+
+
+class ReadIO(msgspec.Struct, array_like=True):
+    chain_id: int
+    target_id: int
+    chunk_id: bytes
+    offset: int
+    length: int
+
+
+class BatchReadReq(msgspec.Struct):
+    ios: list[ReadIO]
+    allow_uncommitted: bool = False
+
+
+class ReadResult(msgspec.Struct, array_like=True):
+    status: int  # 0 = ok, else a StatusCode
+    length: int  # bytes of this IO in the payload (short read = past the chunk's end / hole)
+    message: str = ""
+    commit_ver: int = 0
+    chunk_crc: int = 0
+
+
+class BatchReadRsp(msgspec.Struct):
+    results: list[ReadResult]  # payload = the data of each IO, back to back, in request order
+
+
+class RemoveRangeReq(msgspec.Struct):
+    chain_id: int
+    chain_ver: int
+    begin: bytes
+    end: bytes
+    chunk_size: int
+    tag: RequestTag | None = None
+
+
+class RemoveRangeRsp(msgspec.Struct):
+    removed: int
+
+
+class LastChunkReq(msgspec.Struct):
+    chain_id: int
+    begin: bytes
+    end: bytes
+
+
+class LastChunkRsp(msgspec.Struct):
+    chunk_id: bytes  # b"" when the range is empty on this chain
+    length: int
+
+
+class TargetStat(msgspec.Struct):
+    target_id: int
+    local_state: str
+    chunks: int
+    used_bytes: int
+
+
+class StatusRsp(msgspec.Struct):
+    node_id: int
+    targets: list[TargetStat]
+
+
+class SyncDumpReq(msgspec.Struct):
+    target_id: int
+    after: bytes = b""
+    limit: int = 10_000
+
+
+class ChunkBrief(msgspec.Struct, array_like=True):
+    chunk_id: bytes
+    commit_ver: int
+    length: int
+    crc: int
+
+
+class SyncDumpRsp(msgspec.Struct):
+    chunks: list[ChunkBrief]
+    more: bool
