@@ -1,0 +1,229 @@
+"""Engine-specific behaviour: URLs, garbage collection, and SQLite across processes and crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import threefs
+from threefs.common.status import KVConflictError, StatusCode, ThreeFSError
+from threefs.kv import KVEngine, open_engine, register_engine
+from threefs.kv.api import ENGINE_MODULES
+from threefs.kv.memory import MemoryEngine
+from threefs.kv.sqlite import SqliteEngine
+
+REPO_ROOT = Path(threefs.__file__).resolve().parents[1]
+
+
+async def open_fake(url: str) -> KVEngine:  # an engine registered by URL scheme, for the registry test
+    return MemoryEngine()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["etcd2://h:1", "memory", "memory://named", "sqlite://relative.db", "sqlite:///x.db?bogus=1",
+     "sqlite:///x.db?sync=maybe", "/plain/path"],
+)
+def test_open_engine_rejects_bad_urls(url):
+    with pytest.raises(ThreeFSError) as info:
+        asyncio.run(open_engine(url))
+    assert info.value.code == StatusCode.INVALID_ARGUMENT and url in str(info.value)
+
+
+def test_registry_plugs_in_an_engine(monkeypatch):
+    monkeypatch.setitem(ENGINE_MODULES, "fake", "")
+    register_engine("fake", f"{__name__}:open_fake")
+    engine = asyncio.run(open_engine("fake://anything"))
+    assert isinstance(engine, MemoryEngine)
+
+
+def stored_versions(engine: KVEngine) -> tuple[int, int]:
+    """(rows of key history, commits in the write log) the engine still keeps."""
+    if isinstance(engine, MemoryEngine):
+        return sum(len(h) for h in engine._history.values()), len(engine._log)
+    assert isinstance(engine, SqliteEngine)
+    with sqlite3.connect(engine.path) as conn:
+        return (conn.execute("SELECT count(*) FROM kv").fetchone()[0],
+                conn.execute("SELECT count(*) FROM write_log").fetchone()[0])
+
+
+def test_gc_drops_what_no_valid_reader_can_see(kv, clock):
+    async def commit(engine, fn):
+        tr = engine.transaction()
+        fn(tr)
+        return await tr.commit()
+
+    async def body():
+        engine = await kv.open(clock=clock)
+        try:
+            for i in range(5):
+                await commit(engine, lambda tr: [tr.set(b"k%d" % j, b"v%d" % i) for j in range(10)])
+            await commit(engine, lambda tr: (tr.clear_range(b"k3", b"k6"), tr.clear(b"k9"), tr.clear(b"none")))
+            assert stored_versions(engine)[0] >= 50
+            clock.advance(6.0)
+            await commit(engine, lambda tr: tr.set(b"z", b"1"))  # GC: everything before is past the window
+            clock.advance(6.0)
+            await commit(engine, lambda tr: tr.set(b"z", b"2"))  # GC: the previous "z" too
+            # left: the 6 live k keys, one version each; z's first version (the horizon: a reader at it may still
+            # exist) and its second; the second commit's log entry
+            assert stored_versions(engine) == (8, 1)
+            rows = await engine.transaction().get_range(b"", b"\xff")
+            assert rows == [(b"k%d" % j, b"v4") for j in (0, 1, 2, 6, 7, 8)] + [(b"z", b"2")]
+        finally:
+            await engine.close()
+
+    asyncio.run(body())
+
+
+def test_engine_rejects_reads_below_the_horizon(clock):
+    async def body():
+        engine = MemoryEngine(clock=clock)
+        tr = engine.transaction()
+        tr.set(b"a", b"1")
+        first = await tr.commit()
+        clock.advance(6.0)
+        tr = engine.transaction()
+        tr.set(b"a", b"2")
+        await tr.commit()
+        with pytest.raises(ThreeFSError) as info:
+            engine.get_at(b"a", first - 1)  # the engine's own check, behind the transaction's age check
+        assert info.value.code == StatusCode.KV_TOO_OLD
+
+    asyncio.run(body())
+
+
+def test_sqlite_sync_full_option(tmp_path):
+    async def body():
+        engine = await open_engine(f"sqlite:///{tmp_path}/a/b/kv.db?sync=full")
+        assert isinstance(engine, SqliteEngine)
+        assert engine._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert engine._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        await engine.close()
+
+    asyncio.run(body())
+
+
+def test_sqlite_conflicts_between_connections(tmp_path):
+    async def body():
+        url = f"sqlite:///{tmp_path}/kv.db"
+        first, second = await open_engine(url), await open_engine(url)
+        try:
+            reader = first.transaction()
+            assert await reader.get_range(b"a", b"z") == []
+            writer = second.transaction()
+            writer.set(b"m", b"1")
+            await writer.commit()
+            assert await reader.get(b"m") is None  # still its snapshot
+            reader.set(b"out", b"1")
+            with pytest.raises(KVConflictError):
+                await reader.commit()
+            assert await first.transaction().get(b"m") == b"1"
+        finally:
+            await first.close()
+            await second.close()
+
+    asyncio.run(body())
+
+
+def spawn(script: str, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+INCREMENT_SCRIPT = """
+    import asyncio, sys
+    from threefs.kv import open_engine
+
+    async def main(url, count):
+        engine = await open_engine(url)
+        attempts = 0
+
+        async def increment(tr):
+            nonlocal attempts
+            attempts += 1
+            value = int(await tr.get(b"counter") or b"0")
+            await asyncio.sleep(0.001)  # widen the read-to-commit window: conflicts across processes
+            tr.set(b"counter", b"%d" % (value + 1))
+
+        for _ in range(count):
+            await engine.run(increment)
+        await engine.close()
+        print(attempts)
+
+    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+"""
+
+
+def test_sqlite_processes_share_one_file(tmp_path):
+    processes, increments = 4, 40
+    url = f"sqlite:///{tmp_path}/shared/kv.db"  # not created yet: the processes race to create it too
+    children = [spawn(INCREMENT_SCRIPT, url, str(increments)) for _ in range(processes)]
+    attempts = 0
+    for child in children:
+        out, err = child.communicate(timeout=60)
+        assert child.returncode == 0, err
+        attempts += int(out)
+
+    async def final() -> bytes | None:
+        engine = await open_engine(url)
+        try:
+            return await engine.transaction().get(b"counter")
+        finally:
+            await engine.close()
+
+    assert asyncio.run(final()) == b"%d" % (processes * increments)
+    assert attempts >= processes * increments  # more when commits conflicted and were retried
+    print(f"{processes} processes, {processes * increments} increments, {attempts} attempts")
+
+
+CRASH_SCRIPT = """
+    import asyncio, os, signal, sys
+    from threefs.kv import open_engine
+
+    async def main(url):
+        engine = await open_engine(url)
+        for i in range(20):
+            tr = engine.transaction()
+            tr.set(b"k%02d" % i, b"v%d" % i)
+            await tr.commit()
+        print("committed", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)  # no close(), no checkpoint: the WAL must carry the commits
+
+    asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_sqlite_commits_survive_kill_9(tmp_path):
+    url = f"sqlite:///{tmp_path}/kv.db"
+    child = spawn(CRASH_SCRIPT, url)
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == -signal.SIGKILL and out.strip() == "committed", err
+
+    async def read() -> list:
+        engine = await open_engine(url)
+        try:
+            return await engine.transaction().get_range(b"", b"\xff")
+        finally:
+            await engine.close()
+
+    assert asyncio.run(read()) == [(b"k%02d" % i, b"v%d" % i) for i in range(20)]
+
+
+def test_sqlite_refuses_a_file_it_cannot_use(tmp_path):
+    (tmp_path / "not-a-db").write_bytes(b"this is not an SQLite file" * 100)
+    newer = tmp_path / "newer.db"
+    with sqlite3.connect(newer) as conn:
+        conn.execute("PRAGMA user_version = 99")
+    for path in (tmp_path / "not-a-db", newer):
+        with pytest.raises(ThreeFSError) as info:
+            asyncio.run(open_engine(f"sqlite://{path}"))
+        assert info.value.code == StatusCode.KV_ERROR and str(path) in str(info.value)

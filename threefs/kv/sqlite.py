@@ -1,0 +1,334 @@
+"""The embedded durable engine: `open_engine("sqlite:///abs/path/kv.db")`, safe for several processes.
+
+Why MVCC lives in the table. A sqlite3 connection holds at most one read transaction, but a server runs many KV
+transactions at once, and long-open readers would also hold back WAL checkpoints. So the table keeps recent
+versions of each key and a KV transaction reads "the newest row at or below my read version" with short,
+independent statements; any connection in any process can serve any read version.
+
+Tables:
+  kv(key, version, value)  WITHOUT ROWID, primary key (key, version); value NULL = deleted at that version
+  write_log(version, ranges)  the coalesced ranges each commit wrote (msgpack), for conflict checks
+  meta(version, horizon)  one row: the version of the last commit, and the GC horizon (see GC)
+
+Commit: BEGIN IMMEDIATE takes SQLite's write lock, so the commits of all processes are serialised (busy_timeout
+waits for it). Inside: look in the write log for a commit after our read version that wrote into our read
+ranges (-> KV_CONFLICT); else insert the new rows at version max(last + 1, now in µs), log the write ranges,
+set meta.version, COMMIT. meta.version moves in the same SQLite transaction as the rows, so a reader that saw version
+V sees exactly the commits <= V.
+
+GC (inside a commit, at most every GC_INTERVAL_S): the horizon moves to the newest commit older than the MVCC
+window. For the ranges written by the commits it passes, rows superseded at or below the horizon and deletions
+at or below it are removed, then those log entries. A read version below the horizon gets KV_TOO_OLD, because
+rows or log entries it needs may be gone. Readers check the horizon after reading: it only grows, so a GC that
+ran concurrently with the read cannot go unnoticed.
+
+Durability: journal_mode=WAL with synchronous=NORMAL (the default) keeps every returned commit across the crash
+of any process (kill -9): the commit is in the WAL, in the OS page cache. A power loss or OS crash never corrupts
+the file but may lose the last commits. `?sync=full` (synchronous=FULL) fsyncs the WAL at every commit, so a
+returned commit survives power loss too, for the price of one fsync per commit.
+
+SQLite calls block, and they run directly inside the async methods: a local statement takes microseconds and a
+commit one WAL append, cheaper than a hop to a thread. Only waiting for another process's write lock (bounded by
+BUSY_TIMEOUT_S; commits are short, so waits are too) blocks the event loop for longer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator
+
+import msgspec
+
+from threefs.common.status import KVConflictError, StatusCode, ThreeFSError, status_error
+from threefs.kv.api import MVCC_WINDOW_S, KVEngine, Transaction
+from threefs.kv.txn import BufferedTransaction, Range, WriteBuffer, coalesce, find_overlap
+
+log = logging.getLogger(__name__)
+
+BUSY_TIMEOUT_S = 10.0  # longest wait for another process's write lock before KV_ERROR
+GC_INTERVAL_S = 0.5  # GC runs in at most one commit per interval and engine
+GC_COMMITS_PER_PASS_MAX = 1000  # bounds the extra latency of the commit that runs GC
+# Checkpoints (copying the WAL back into the file) fsync, which would stall the event loop for milliseconds:
+# a thread per engine runs them every CHECKPOINT_INTERVAL_S. SQLite's own automatic checkpoint stays on, at a
+# high mark, as the safety net that bounds the WAL should that thread fall behind.
+CHECKPOINT_INTERVAL_S = 0.1
+WAL_AUTOCHECKPOINT_PAGES = 10_000
+FORMAT_VERSION = 1  # PRAGMA user_version of the file; bump when the schema changes
+SYNC_MODES = ("normal", "full")
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS kv (key BLOB NOT NULL, version INTEGER NOT NULL, value BLOB, "
+    "PRIMARY KEY (key, version)) WITHOUT ROWID",
+    # One row per commit, keyed by version: a commit adds one B-tree entry, not one per range plus an index.
+    "CREATE TABLE IF NOT EXISTS write_log (version INTEGER PRIMARY KEY, ranges BLOB NOT NULL)",
+    # One row: the version of the last commit and the GC horizon.
+    "CREATE TABLE IF NOT EXISTS meta (id INTEGER PRIMARY KEY CHECK (id = 0), version INTEGER NOT NULL, "
+    "horizon INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO meta VALUES (0, 0, 0)",
+)
+# One statement runs in one SQLite snapshot: the horizon is read in the same snapshot as the value.
+_GET = (
+    "SELECT (SELECT horizon FROM meta), "
+    "(SELECT value FROM kv WHERE key = ? AND version <= ? ORDER BY version DESC LIMIT 1)"
+)
+_RANGES_ENCODER = msgspec.msgpack.Encoder()
+_RANGES_DECODER = msgspec.msgpack.Decoder(list[tuple[bytes, bytes]])
+_RANGE = "SELECT key, value FROM kv WHERE key >= ? AND key < ? AND version <= ? ORDER BY key {0}, version {0}"
+_GC_DELETE = (
+    "DELETE FROM kv WHERE key >= :begin AND key < :end AND version <= :horizon AND (value IS NULL OR EXISTS "
+    "(SELECT 1 FROM kv AS newer WHERE newer.key = kv.key AND newer.version > kv.version "
+    "AND newer.version <= :horizon))"
+)
+
+
+def _newest_per_key(
+    rows: Iterable[tuple[bytes, bytes | None]], newest_first: bool
+) -> Iterator[tuple[bytes, bytes | None]]:
+    """From rows grouped by key (versions ascending, or descending if `newest_first`), each key's newest row."""
+    pending: tuple[bytes, bytes | None] | None = None
+    for key, value in rows:
+        if newest_first:
+            if pending is None or key != pending[0]:
+                pending = (key, value)
+                yield pending
+        else:
+            if pending is not None and key != pending[0]:
+                yield pending
+            pending = (key, value)
+    if not newest_first and pending is not None:
+        yield pending
+
+
+class SqliteEngine(KVEngine):
+    """The KV in one SQLite file shared by any number of processes. `clock` (seconds) drives versions and the
+    MVCC window; tests may fake it."""
+
+    def __init__(self, path: str, *, sync: str = "normal", clock: Callable[[], float] = time.time,
+                 window_s: float = MVCC_WINDOW_S):
+        assert sync in SYNC_MODES, sync
+        self.path = path
+        self.clock = clock
+        self.window_s = window_s
+        self._lock = threading.Lock()  # one connection, shared by every transaction of this engine
+        self._gc_next_s = 0.0
+        self._conn: sqlite3.Connection | None = None
+        try:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            self._conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                         check_same_thread=False)
+            self._setup(self._conn, sync)
+        except (OSError, sqlite3.Error) as exc:
+            if self._conn is not None:
+                self._conn.close()
+            raise status_error(StatusCode.KV_ERROR, f"cannot open SQLite KV {path}: {exc}") from exc
+        self._checkpointer = _Checkpointer(path, sync)
+
+    @staticmethod
+    def _setup(conn: sqlite3.Connection, sync: str) -> None:
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        # Switching to WAL can fail with "locked" while another process creates the file, without waiting.
+        deadline_s = time.monotonic() + BUSY_TIMEOUT_S
+        while True:  # bounded by the deadline
+            try:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError:
+                if time.monotonic() > deadline_s:
+                    raise
+                time.sleep(0.01)
+        if mode.lower() != "wal":
+            raise sqlite3.OperationalError(f"journal_mode is {mode}, WAL is required (is it on a network FS?)")
+        conn.execute(f"PRAGMA synchronous = {sync.upper()}")
+        conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
+        conn.execute("BEGIN IMMEDIATE")  # processes opening a new file at once create the schema one by one
+        try:
+            found = conn.execute("PRAGMA user_version").fetchone()[0]
+            if found not in (0, FORMAT_VERSION):
+                raise sqlite3.DatabaseError(f"file format {found} is not this version's {FORMAT_VERSION}")
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {FORMAT_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def transaction(self) -> Transaction:
+        if self._conn is None:
+            raise status_error(StatusCode.KV_ERROR, f"SQLite KV {self.path} is closed")
+        return _SqliteTransaction(self)
+
+    async def close(self) -> None:
+        with self._lock:
+            if self._conn is None:
+                return
+            self._conn.close()
+            self._conn = None
+        await asyncio.to_thread(self._checkpointer.stop)  # may wait for a checkpoint's fsync
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        """The connection, under the lock, with SQLite errors turned into KV_ERROR."""
+        with self._lock:
+            if self._conn is None:
+                raise status_error(StatusCode.KV_ERROR, f"SQLite KV {self.path} is closed")
+            try:
+                yield self._conn
+            except sqlite3.Error as exc:
+                raise status_error(StatusCode.KV_ERROR, f"SQLite KV {self.path}: {exc}") from exc
+
+    # -- called by _SqliteTransaction -----------------------------------------------------------------------
+    def latest_version(self) -> int:
+        with self._connection() as conn:
+            return conn.execute("SELECT version FROM meta").fetchone()[0]
+
+    def get_at(self, key: bytes, version: int) -> bytes | None:
+        with self._connection() as conn:
+            horizon, value = conn.execute(_GET, (key, version)).fetchone()
+            self._check_horizon(version, horizon)
+            return value
+
+    def range_at(self, begin: bytes, end: bytes, version: int, limit: int, reverse: bool) -> list[tuple[bytes, bytes]]:
+        with self._connection() as conn:
+            cursor = conn.execute(_RANGE.format("DESC" if reverse else "ASC"), (begin, end, version))
+            rows: list[tuple[bytes, bytes]] = []
+            for key, value in _newest_per_key(cursor, newest_first=reverse):
+                if value is not None:
+                    rows.append((key, value))
+                    if len(rows) == limit:  # never true for limit 0
+                        break
+            cursor.close()
+            self._check_horizon(version, conn.execute("SELECT horizon FROM meta").fetchone()[0])
+            return rows
+
+    def commit(self, read_version: int | None, reads: list[Range], writes: WriteBuffer) -> int:
+        with self._connection() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                last, horizon = conn.execute("SELECT version, horizon FROM meta").fetchone()
+                if read_version is not None:
+                    self._check_horizon(read_version, horizon)  # below it, needed log entries may be gone
+                    self._check_conflicts(conn, read_version, reads)
+                version = max(last + 1, int(self.clock() * 1_000_000))
+                self._apply(conn, version, writes)
+                conn.execute("UPDATE meta SET version = ?", (version,))
+                if self.clock() >= self._gc_next_s:
+                    self._gc_next_s = self.clock() + GC_INTERVAL_S
+                    self._collect_garbage(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return version
+
+    # -- internals (lock held) ------------------------------------------------------------------------------
+    def _check_horizon(self, version: int, horizon: int) -> None:
+        if version < horizon:
+            raise status_error(StatusCode.KV_TOO_OLD, f"read version {version} is older than the MVCC horizon "
+                               f"{horizon} ({self.window_s} s window); retry with a new transaction")
+
+    def _check_conflicts(self, conn: sqlite3.Connection, read_version: int, reads: list[Range]) -> None:
+        begins = [r[0] for r in reads]
+        logged = conn.execute("SELECT version, ranges FROM write_log WHERE version > ?", (read_version,))
+        for version, blob in logged:
+            for begin, end in _RANGES_DECODER.decode(blob):
+                hit = find_overlap(reads, begins, begin, end)
+                if hit is not None:
+                    raise KVConflictError(StatusCode.KV_CONFLICT, f"KV conflict: range [{hit[0][:64]!r}, "
+                                          f"{hit[1][:64]!r}) read at version {read_version} was written by the "
+                                          f"commit at version {version}")
+
+    @staticmethod
+    def _apply(conn: sqlite3.Connection, version: int, writes: WriteBuffer) -> None:
+        for begin, end in writes.cleared:  # deletion markers for every key live in the range
+            cursor = conn.execute(_RANGE.format("ASC"), (begin, end, version))
+            live = [(key, version) for key, value in _newest_per_key(cursor, False) if value is not None]
+            conn.executemany("INSERT INTO kv VALUES (?, ?, NULL)", live)
+        # After the clears: a set issued after a clear_range replaces its marker (same key and version).
+        conn.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?, ?)",
+                         [(key, version, value) for key, value in writes.ops.items()])
+        conn.execute("INSERT INTO write_log VALUES (?, ?)", (version, _RANGES_ENCODER.encode(writes.write_ranges())))
+
+    def _collect_garbage(self, conn: sqlite3.Connection) -> None:
+        cutoff = int((self.clock() - self.window_s) * 1_000_000)
+        horizon = conn.execute(
+            "SELECT max(version) FROM (SELECT version FROM write_log WHERE version <= ? ORDER BY version LIMIT ?)",
+            (cutoff, GC_COMMITS_PER_PASS_MAX)).fetchone()[0]
+        if horizon is None:
+            return
+        logged = conn.execute("SELECT ranges FROM write_log WHERE version <= ?", (horizon,))
+        expired = coalesce(r for (blob,) in logged for r in _RANGES_DECODER.decode(blob))
+        conn.executemany(_GC_DELETE, [{"begin": b, "end": e, "horizon": horizon} for b, e in expired])
+        conn.execute("DELETE FROM write_log WHERE version <= ?", (horizon,))
+        conn.execute("UPDATE meta SET horizon = ?", (horizon,))
+
+
+class _Checkpointer:
+    """The thread that checkpoints the WAL of one engine, with its own connection, until stop()."""
+
+    def __init__(self, path: str, sync: str):
+        self._path = path
+        self._sync = sync
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"kv-checkpoint {path}", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        conn = sqlite3.connect(self._path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        try:
+            conn.execute(f"PRAGMA synchronous = {self._sync.upper()}")
+            while not self._stop.wait(CHECKPOINT_INTERVAL_S):  # runs until stop()
+                try:
+                    # PASSIVE: copies what no reader still needs and never waits for or blocks a writer.
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:  # transient (e.g. busy); the autocheckpoint is the fallback
+                    log.warning("SQLite KV %s: checkpoint failed: %s", self._path, exc)
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class _SqliteTransaction(BufferedTransaction):
+    def __init__(self, engine: SqliteEngine):
+        super().__init__(clock=engine.clock, window_s=engine.window_s)
+        self._engine = engine
+
+    def _engine_read_version(self) -> int:
+        return self._engine.latest_version()
+
+    async def _engine_get(self, key: bytes, version: int) -> bytes | None:
+        return self._engine.get_at(key, version)
+
+    async def _engine_range(
+        self, begin: bytes, end: bytes, version: int, limit: int, reverse: bool
+    ) -> list[tuple[bytes, bytes]]:
+        return self._engine.range_at(begin, end, version, limit, reverse)
+
+    async def _engine_commit(self, read_version: int | None, reads: list[Range], writes: WriteBuffer) -> int:
+        return self._engine.commit(read_version, reads, writes)
+
+
+async def open_sqlite(url: str) -> KVEngine:
+    """`sqlite:///abs/path/kv.db[?sync=normal|full]`: the file and its parent directories are created if missing."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.netloc or not parts.path.startswith("/"):
+        raise ThreeFSError(StatusCode.INVALID_ARGUMENT, f"KV URL {url!r} needs an absolute path: "
+                           f"sqlite:///abs/path/kv.db")
+    options = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
+    unknown = sorted(set(options) - {"sync"})
+    sync = options.get("sync", ["normal"])[-1].lower()
+    if unknown or sync not in SYNC_MODES:
+        raise ThreeFSError(StatusCode.INVALID_ARGUMENT, f"KV URL {url!r}: the only option is "
+                           f"sync={'|'.join(SYNC_MODES)}")
+    return SqliteEngine(urllib.parse.unquote(parts.path), sync=sync)
