@@ -59,7 +59,9 @@ class ReadResult(msgspec.Struct, array_like=True):
 
 
 class BatchReadRsp(msgspec.Struct):
-    results: list[ReadResult]  # payload = the data of each IO, back to back, in request order
+    # payload: IO k's data starts at slot k = align_up(end of IO k-1's data, 64), in request order
+    # (aligned destinations make the server's file reads ~10x faster on this machine)
+    results: list[ReadResult]
 
 
 class RemoveRangeReq(msgspec.Struct):

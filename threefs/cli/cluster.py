@@ -1,0 +1,254 @@
+"""A local cluster in one directory: `threefs up` / `threefs down` (also used by the tests).
+
+    DIR/token            cluster token (0600)          DIR/cluster.toml   shape + ports, fixed at first up
+    DIR/conf/NAME.toml   service configs               DIR/run/NAME.pid   pids of running services
+    DIR/log/NAME.log     service logs                  DIR/data/...       storage targets
+    DIR/kv/meta.db       SQLite KV (mgmtd + meta)      DIR/client.toml    what clients need (addresses, token)
+
+`up` on a partly running cluster starts only the missing processes, with their old identities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+from threefs.common.config import (ClientConfig, ServiceConfig, TargetConfig, load_toml, save_toml)
+from threefs.common.ids import target_id
+from threefs.common.status import StatusCode, ThreeFSError, status_error
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+
+
+class ClusterSpec(msgspec.Struct, kw_only=True):
+    storage: int = 3
+    replicas: int = 3
+    targets_per_storage: int = 4
+    meta: int = 1
+    mgmtd_port: int = 0
+    meta_ports: list[int] = []
+    storage_ports: list[int] = []
+    heartbeat_timeout_s: float = 5.0
+    host: str = "127.0.0.1"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class LocalCluster:
+    def __init__(self, directory: str | os.PathLike):
+        self.dir = Path(directory).absolute()
+        self._procs: dict[str, subprocess.Popen] = {}  # started by this object (poll() is exact)
+
+    # -- layout ----------------------------------------------------------------------------------
+    @property
+    def client_config_path(self) -> Path:
+        return self.dir / "client.toml"
+
+    def _spec(self, storage: int | None, replicas: int | None, **extra) -> ClusterSpec:
+        path = self.dir / "cluster.toml"
+        if path.exists():
+            spec = load_toml(path, ClusterSpec)
+            if storage is not None and storage != spec.storage or replicas is not None and replicas != spec.replicas:
+                raise status_error(StatusCode.INVALID_ARGUMENT,
+                                   f"cluster in {self.dir} was created with --storage {spec.storage} "
+                                   f"--replicas {spec.replicas}; use a new --dir for another shape")
+            return spec
+        spec = ClusterSpec(storage=storage or 3, replicas=replicas or 3, **extra)
+        if spec.replicas > spec.storage:
+            raise status_error(StatusCode.INVALID_ARGUMENT, f"--replicas {spec.replicas} needs at least as "
+                               f"many storage services (--storage {spec.storage})")
+        spec.mgmtd_port = _free_port(spec.host)
+        spec.meta_ports = [_free_port(spec.host) for _ in range(spec.meta)]
+        spec.storage_ports = [_free_port(spec.host) for _ in range(spec.storage)]
+        for sub in ("conf", "run", "log", "data", "kv"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        save_toml(path, spec)
+        return spec
+
+    def _token(self) -> str:
+        path = self.dir / "token"
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+        os.chmod(path, 0o600)
+        return path.read_text().strip()
+
+    def service_configs(self, spec: ClusterSpec) -> list[ServiceConfig]:
+        mgmtd_addr = f"{spec.host}:{spec.mgmtd_port}"
+        common = dict(listen_host=spec.host, mgmtd=[mgmtd_addr], token_file=str(self.dir / "token"),
+                      heartbeat_timeout_s=spec.heartbeat_timeout_s)
+        kv = f"sqlite://{self.dir / 'kv' / 'meta.db'}"
+        configs = [ServiceConfig(type="mgmtd", name="mgmtd-1", node_id=1, port=spec.mgmtd_port, kv=kv,
+                                 **common)]
+        for i, port in enumerate(spec.meta_ports, 1):
+            configs.append(ServiceConfig(type="meta", name=f"meta-{i}", node_id=50 + i, port=port, kv=kv,
+                                         **common))
+        for i, port in enumerate(spec.storage_ports, 1):
+            node = 100 + i
+            targets = [TargetConfig(target_id(node, slot), str(self.dir / "data" / f"storage-{i}" /
+                                                             f"target-{target_id(node, slot)}"))
+                       for slot in range(1, spec.targets_per_storage + 1)]
+            configs.append(ServiceConfig(type="storage", name=f"storage-{i}", node_id=node, port=port,
+                                         targets=targets, failure_domain=f"storage-{i}", **common))
+        return configs
+
+    # -- processes -------------------------------------------------------------------------------
+    def pid_of(self, name: str) -> int | None:
+        """The pid of our running service `name`, checked against /proc (never someone else's)."""
+        try:
+            pid = int((self.dir / "run" / f"{name}.pid").read_text())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (FileNotFoundError, ValueError, ProcessLookupError):
+            return None
+        conf = str(self.dir / "conf" / f"{name}.toml").encode()
+        if b"threefs.server" in cmdline and conf in cmdline:
+            try:
+                if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+                    return None  # exited, not yet reaped
+            except FileNotFoundError:
+                return None
+            return pid
+        return None
+
+    def start_service(self, config: ServiceConfig) -> int:
+        conf = self.dir / "conf" / f"{config.name}.toml"
+        save_toml(conf, config)
+        log = open(self.dir / "log" / f"{config.name}.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "threefs.server", str(conf)], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=self.dir)
+        log.close()
+        self._procs[config.name] = proc
+        (self.dir / "run" / f"{config.name}.pid").write_text(str(proc.pid))
+        return proc.pid
+
+    def up(self, storage: int | None = None, replicas: int | None = None, **extra) -> ClientConfig:
+        """Start what is not running, wait until the cluster serves, write client.toml."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        spec = self._spec(storage, replicas, **extra)
+        token = self._token()
+        started = []
+        for config in self.service_configs(spec):
+            if self.pid_of(config.name) is None:
+                self.start_service(config)
+                started.append(config.name)
+        client = ClientConfig(mgmtd=[f"{spec.host}:{spec.mgmtd_port}"], token=token, cluster_dir=str(self.dir))
+        try:
+            asyncio.run(self._wait_ready(spec, client))
+        except ThreeFSError as e:
+            raise status_error(e.code, f"{e.message}; see the logs in {self.dir / 'log'}") from None
+        save_toml(self.client_config_path, client, mode=0o600)
+        return client
+
+    async def _wait_ready(self, spec: ClusterSpec, client: ClientConfig) -> None:
+        from threefs.client.aio import AsyncClient
+        from threefs.rpc.schemas import mgmtd as ms
+
+        aio = AsyncClient(client)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        last = None
+        try:
+            while time.monotonic() < deadline:
+                for name in self._dead_services(spec):
+                    raise status_error(StatusCode.UNAVAILABLE, f"{name} exited during start-up")
+                try:
+                    routing = await aio.mgmtd.refresh(force=True)
+                    if len(routing.nodes_of_type(ms.STORAGE)) < spec.storage:
+                        raise status_error(StatusCode.UNAVAILABLE, "storage services not registered yet")
+                    if 1 not in routing.info.tables:
+                        await aio.mgmtd.call("create_chain_table", ms.CreateChainTableReq(1, spec.replicas),
+                                             ms.CreateChainTableRsp)
+                        continue
+                    if len(routing.nodes_of_type(ms.META)) < spec.meta:
+                        raise status_error(StatusCode.UNAVAILABLE, "meta services not registered yet")
+                    await aio.stat("/")
+                    return
+                except ThreeFSError as e:
+                    last = e
+                await asyncio.sleep(0.2)
+            raise status_error(StatusCode.TIMEOUT, f"cluster not ready after {READY_TIMEOUT_S:.0f} s "
+                               f"({last.message if last else 'no answer'})")
+        finally:
+            await aio.close()
+
+    def _dead_services(self, spec: ClusterSpec) -> list[str]:
+        return [c.name for c in self.service_configs(spec) if not self._alive(c.name)]
+
+    def _alive(self, name: str) -> bool:
+        proc = self._procs.get(name)
+        if proc is not None:  # a fresh child may not have exec'd yet: /proc would show our cmdline
+            return proc.poll() is None
+        return self.pid_of(name) is not None
+
+    def running(self) -> dict[str, int]:
+        run = self.dir / "run"
+        names = sorted(p.stem for p in run.glob("*.pid")) if run.exists() else []
+        return {n: pid for n in names if (pid := self.pid_of(n)) is not None}
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
+        """Send a signal to one service (fault tests: kill -9)."""
+        pid = self.pid_of(name)
+        if pid is None:
+            raise status_error(StatusCode.NOT_FOUND, f"{name} is not running")
+        os.kill(pid, sig)
+        if sig == signal.SIGKILL:
+            _wait_gone([pid], 5.0)
+            proc = self._procs.pop(name, None)
+            if proc is not None:
+                proc.wait(timeout=5)
+        return pid
+
+    def down(self) -> list[str]:
+        """Stop every process of this cluster (SIGTERM, then SIGKILL after a grace period)."""
+        running = self.running()
+        for pid in running.values():
+            os.kill(pid, signal.SIGTERM)
+        left = _wait_gone(list(running.values()), STOP_TIMEOUT_S)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        _wait_gone(left, 5.0)
+        for name in running:
+            (self.dir / "run" / f"{name}.pid").unlink(missing_ok=True)
+            proc = self._procs.pop(name, None)
+            if proc is not None:
+                proc.wait(timeout=5)
+        return sorted(running)
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Wait for processes to exit (reaping our own children); returns those still alive."""
+    deadline = time.monotonic() + timeout
+    left = list(pids)
+    while left and time.monotonic() < deadline:
+        still = []
+        for pid in left:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+                if done == 0:
+                    still.append(pid)
+            except ChildProcessError:  # not our child: poll /proc
+                try:
+                    state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+                    if state != "Z":
+                        still.append(pid)
+                except FileNotFoundError:
+                    pass
+        left = still
+        if left:
+            time.sleep(0.05)
+    return left

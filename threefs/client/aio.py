@@ -1,0 +1,181 @@
+"""The asyncio client: namespace calls to meta (with failover) and file data straight to storage."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+
+from threefs.client.mgmtd_client import MgmtdClient
+from threefs.client.storage_client import ReadItem, StorageClient
+from threefs.common import limits
+from threefs.common.config import ClientConfig
+from threefs.common.ids import chunk_id
+from threefs.common.layout import chain_of_chunk, split_range
+from threefs.common.status import StatusCode, ThreeFSError, status_error
+from threefs.rpc.client import RpcClient, as_bytes_view
+from threefs.rpc.schemas import meta as m
+from threefs.rpc.schemas.mgmtd import META
+
+log = logging.getLogger(__name__)
+
+
+class AsyncClient:
+    def __init__(self, config: ClientConfig):
+        self.config = config
+        self.rpc = RpcClient(config.token)
+        self.mgmtd = MgmtdClient(self.rpc, config.mgmtd)
+        self.storage = StorageClient(self.rpc, self.mgmtd, timeout=config.timeout_s)
+        self._meta_rr = itertools.count()
+        self._refresher: asyncio.Task | None = None
+
+    async def start(self) -> "AsyncClient":
+        await self.mgmtd.refresh(force=True)
+        self._refresher = asyncio.ensure_future(self.mgmtd.refresh_loop(1.0))
+        return self
+
+    async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+        await self.rpc.close()
+
+    # -- meta ------------------------------------------------------------------------------------
+    async def meta_call(self, method: str, req, rsp_type):
+        """Call any live meta server (they are stateless); fail over when one does not answer."""
+        routing = await self.mgmtd.get()
+        servers = routing.nodes_of_type(META)
+        if not servers:
+            routing = await self.mgmtd.refresh(force=True)
+            servers = routing.nodes_of_type(META)
+        if not servers:
+            raise status_error(StatusCode.UNAVAILABLE, "no meta server is alive; see `threefs status`")
+        start = next(self._meta_rr)
+        errors = []
+        for i in range(len(servers)):
+            node = servers[(start + i) % len(servers)]
+            try:
+                rsp, _ = await self.rpc.call(node.addr, f"meta.{method}", req, rsp_type,
+                                             timeout=self.config.timeout_s)
+                return rsp
+            except ThreeFSError as e:
+                if e.code not in (StatusCode.UNAVAILABLE, StatusCode.TIMEOUT):
+                    raise
+                errors.append(f"meta {node.node_id} at {node.addr}: {e.message}")
+        raise status_error(StatusCode.UNAVAILABLE, "; ".join(errors))
+
+    async def stat(self, path: str) -> m.InodeAttr:
+        return (await self.meta_call("stat", m.StatReq(path), m.StatRsp)).attr
+
+    async def mkdir(self, path: str, mode: int = 0o755, parents: bool = False, chunk_size: int = 0,
+                    stripe: int = 0) -> m.InodeAttr:
+        return (await self.meta_call("mkdir", m.MkdirReq(path, mode, parents, chunk_size, stripe),
+                                     m.AttrRsp)).attr
+
+    async def listdir(self, path: str) -> list[m.DirEntry]:
+        entries, after = [], ""
+        while True:  # paginated: never asks for more than one page at a time
+            rsp = await self.meta_call("readdir", m.ReaddirReq(path, after, limits.READDIR_PAGE_MAX),
+                                       m.ReaddirRsp)
+            entries.extend(rsp.entries)
+            if not rsp.more or not rsp.entries:
+                return entries
+            after = rsp.entries[-1].name
+
+    async def open(self, path: str, flags: int, mode: int = 0o644, chunk_size: int = 0,
+                   stripe: int = 0) -> m.OpenRsp:
+        return await self.meta_call("open", m.OpenReq(path, flags, mode, chunk_size, stripe), m.OpenRsp)
+
+    async def close_file(self, inode: int, session: str, length_hint: int) -> m.InodeAttr:
+        return (await self.meta_call("close", m.CloseReq(inode, session, length_hint), m.AttrRsp)).attr
+
+    async def remove(self, path: str) -> None:
+        await self.meta_call("unlink", m.PathReq(path), m.OkRsp)
+
+    async def rmdir(self, path: str) -> None:
+        await self.meta_call("rmdir", m.PathReq(path), m.OkRsp)
+
+    async def rename(self, src: str, dst: str, noreplace: bool = False) -> None:
+        await self.meta_call("rename", m.RenameReq(src, dst, noreplace), m.OkRsp)
+
+    async def truncate(self, path: str, length: int) -> m.InodeAttr:
+        return (await self.meta_call("truncate", m.TruncateReq(path, length), m.AttrRsp)).attr
+
+    # -- data ------------------------------------------------------------------------------------
+    async def _table(self, attr: m.InodeAttr) -> list[int]:
+        routing = await self.mgmtd.get()
+        return routing.table(attr.layout.table_id).chains
+
+    async def read_into(self, attr: m.InodeAttr, offset: int, buf) -> int:
+        """Read up to len(buf) bytes at offset (clamped to the file length); returns bytes read."""
+        dest = as_bytes_view(buf)
+        n = max(0, min(len(dest), attr.length - offset))
+        if n == 0:
+            return 0
+        items = await self._read_items(attr, offset, dest[:n])
+        await self.storage.read(items)
+        for it in items:
+            if it.error is not None:
+                raise it.error
+        return n
+
+    async def _read_items(self, attr: m.InodeAttr, offset: int, dest: memoryview) -> list[ReadItem]:
+        layout = attr.layout
+        table = await self._table(attr)
+        return [ReadItem(chain_of_chunk(layout, span.chunk_index, table),
+                         chunk_id(attr.inode, span.chunk_index), span.chunk_offset, span.length,
+                         dest[span.buffer_offset:span.buffer_offset + span.length])
+                for span in split_range(layout.chunk_size, offset, len(dest))]
+
+    async def write_at(self, attr: m.InodeAttr, offset: int, buf) -> int:
+        """Write buf at offset: one update per chunk piece, all in flight together."""
+        data = as_bytes_view(buf)
+        layout = attr.layout
+        table = await self._table(attr)
+        await asyncio.gather(*(
+            self.storage.write_chunk(chain_of_chunk(layout, span.chunk_index, table),
+                                     chunk_id(attr.inode, span.chunk_index), span.chunk_offset,
+                                     data[span.buffer_offset:span.buffer_offset + span.length],
+                                     layout.chunk_size)
+            for span in split_range(layout.chunk_size, offset, len(data))))
+        return len(data)
+
+    async def batch_read(self, requests: list[tuple[m.InodeAttr, int, memoryview]]) -> list[int | ThreeFSError]:
+        """Many (file attr, offset, destination) reads in one go; a result (bytes or error) per item."""
+        if len(requests) > limits.BATCH_IOS_MAX:
+            raise status_error(StatusCode.INVALID_ARGUMENT,
+                               f"batch of {len(requests)} IOs exceeds {limits.BATCH_IOS_MAX}")
+        per_request: list[tuple[int, list[ReadItem]]] = []
+        all_items: list[ReadItem] = []
+        for attr, offset, dest in requests:
+            if attr.type != m.FILE:
+                raise status_error(StatusCode.IS_DIRECTORY, f"inode {attr.inode} is not a file")
+            n = max(0, min(len(dest), attr.length - offset))
+            items = await self._read_items(attr, offset, dest[:n]) if n else []
+            per_request.append((n, items))
+            all_items.extend(items)
+        await self.storage.read(all_items)
+        out: list[int | ThreeFSError] = []
+        for n, items in per_request:
+            errors = [it.error for it in items if it.error is not None]
+            out.append(errors[0] if errors else n)
+        return out
+
+
+def open_flags(mode: str) -> tuple[int, bool, bool]:
+    """Python binary mode -> (os flags, readable, writable)."""
+    base = mode.replace("b", "")
+    table = {
+        "r": (os.O_RDONLY, True, False),
+        "r+": (os.O_RDWR, True, True),
+        "w": (os.O_WRONLY | os.O_CREAT | os.O_TRUNC, False, True),
+        "w+": (os.O_RDWR | os.O_CREAT | os.O_TRUNC, True, True),
+        "a": (os.O_WRONLY | os.O_CREAT | os.O_APPEND, False, True),
+        "a+": (os.O_RDWR | os.O_CREAT | os.O_APPEND, True, True),
+        "x": (os.O_WRONLY | os.O_CREAT | os.O_EXCL, False, True),
+        "x+": (os.O_RDWR | os.O_CREAT | os.O_EXCL, True, True),
+    }
+    if base not in table or "b" not in mode or "t" in mode:
+        raise status_error(StatusCode.INVALID_ARGUMENT,
+                           f"mode {mode!r} not supported: use a binary mode (rb, wb, ab, xb, r+b, ...)")
+    return table[base]

@@ -1,0 +1,216 @@
+"""Client of the storage services: chunk writes to chain heads, batched reads from any SERVING replica.
+
+The data path never touches meta: callers give (chain, chunk id, offset, length, buffer) computed from
+the file layout, and this module finds targets in the routing info, bounds the requests in flight per
+storage service, and retries what is retryable (routing changed, replica down, chunk not committed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass
+
+import crc32c
+
+from threefs.client.mgmtd_client import MgmtdClient, Routing
+from threefs.common import limits
+from threefs.common.buffers import align_up, aligned_buffer
+from threefs.common.status import StatusCode, ThreeFSError, status_error
+from threefs.mgmtd.chain_state import serving_targets, write_targets
+from threefs.rpc.client import RpcClient
+from threefs.rpc.schemas import storage as ss
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 20.0  # total time an IO keeps retrying retryable errors
+BATCH_IOS_MAX = 64
+BATCH_BYTES_MAX = 4 * limits.MiB
+
+
+@dataclass
+class ReadItem:
+    chain_id: int
+    chunk_id: bytes
+    offset: int
+    length: int
+    dest: memoryview  # exactly `length` bytes; holes and bytes past the chunk's end become zeros
+    result: int = -1  # bytes read from storage (>= 0) once done
+    error: ThreeFSError | None = None
+    target: int = 0  # the replica chosen for the current attempt
+
+
+class StorageClient:
+    def __init__(self, rpc: RpcClient, mgmtd: MgmtdClient, *,
+                 inflight_per_node: int = limits.INFLIGHT_REQUESTS_PER_SERVICE_MAX,
+                 timeout: float = limits.CALL_TIMEOUT_S_DEFAULT):
+        self.rpc = rpc
+        self.mgmtd = mgmtd
+        self.timeout = timeout
+        self.inflight_per_node = inflight_per_node
+        self._sems: dict[str, asyncio.Semaphore] = {}
+        self._request_ids = itertools.count(1)
+        self._rr = itertools.count()
+
+    def _sem(self, addr: str) -> asyncio.Semaphore:
+        sem = self._sems.get(addr)
+        if sem is None:
+            sem = self._sems[addr] = asyncio.Semaphore(self.inflight_per_node)
+        return sem
+
+    async def _retrying(self, what: str, attempt):
+        """Run attempt(routing) until it succeeds, refreshing routing after retryable errors."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RETRY_S
+        delay = 0.005
+        routing = await self.mgmtd.get()
+        while True:
+            try:
+                return await attempt(routing)
+            except ThreeFSError as e:
+                if not e.retryable or loop.time() + delay > deadline:
+                    if e.retryable:
+                        raise status_error(e.code, f"{what}: gave up after {RETRY_S:.0f} s: {e.message}")
+                    raise
+                log.debug("%s: %s; retrying", what, e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+            try:
+                routing = await self.mgmtd.refresh()
+            except ThreeFSError as e:
+                log.debug("routing refresh failed: %s", e)
+
+    # -- updates ---------------------------------------------------------------------------------
+    async def _update(self, req: ss.UpdateReq, payload=None) -> ss.UpdateRsp:
+        req.tag = ss.RequestTag(self.rpc.client_id, next(self._request_ids))  # same tag on retries
+
+        async def attempt(routing: Routing) -> ss.UpdateRsp:
+            chain = routing.chain(req.chain_id)
+            order = write_targets(chain)
+            if not order:
+                raise status_error(StatusCode.NO_SERVING_TARGET, f"chain {req.chain_id} has no "
+                                   f"writable target ({routing.describe_chain(req.chain_id)}); see "
+                                   "`threefs status`")
+            req.chain_ver = chain.version
+            addr = routing.target_addr(order[0])
+            async with self._sem(addr):
+                rsp, _ = await self.rpc.call(addr, "storage.update", req, ss.UpdateRsp,
+                                             payload=payload, timeout=self.timeout)
+            return rsp
+
+        return await self._retrying(f"update of chunk {req.chunk_id.hex()} on chain {req.chain_id}",
+                                    attempt)
+
+    async def write_chunk(self, chain_id: int, chunk_id: bytes, offset: int, data,
+                          chunk_size: int) -> ss.UpdateRsp:
+        if offset < 0 or offset + len(data) > chunk_size:
+            raise status_error(StatusCode.INVALID_ARGUMENT,
+                               f"write [{offset}, {offset + len(data)}) crosses the chunk size {chunk_size}")
+        req = ss.UpdateReq(chain_id, 0, chunk_id, ss.WRITE, offset, len(data), chunk_size,
+                           crc32c.crc32c(data))
+        return await self._update(req, data)
+
+    async def truncate_chunk(self, chain_id: int, chunk_id: bytes, length: int,
+                             chunk_size: int) -> ss.UpdateRsp:
+        return await self._update(ss.UpdateReq(chain_id, 0, chunk_id, ss.TRUNCATE, 0, length, chunk_size))
+
+    async def remove_range(self, chain_id: int, begin: bytes, end: bytes, chunk_size: int) -> int:
+        async def attempt(routing: Routing) -> int:
+            chain = routing.chain(chain_id)
+            order = write_targets(chain)
+            if not order:
+                raise status_error(StatusCode.NO_SERVING_TARGET, f"chain {chain_id} has no writable target")
+            req = ss.RemoveRangeReq(chain_id, chain.version, begin, end, chunk_size)
+            rsp, _ = await self.rpc.call(routing.target_addr(order[0]), "storage.remove_range", req,
+                                         ss.RemoveRangeRsp, timeout=self.timeout * 4)
+            return rsp.removed
+
+        return await self._retrying(f"remove of chunks on chain {chain_id}", attempt)
+
+    async def last_chunk(self, chain_id: int, begin: bytes, end: bytes) -> ss.LastChunkRsp:
+        async def attempt(routing: Routing) -> ss.LastChunkRsp:
+            targets = serving_targets(routing.chain(chain_id))
+            if not targets:
+                raise status_error(StatusCode.NO_SERVING_TARGET, f"chain {chain_id} has no SERVING target")
+            rsp, _ = await self.rpc.call(routing.target_addr(targets[0]), "storage.last_chunk",
+                                         ss.LastChunkReq(chain_id, begin, end), ss.LastChunkRsp)
+            return rsp
+
+        return await self._retrying(f"last-chunk query on chain {chain_id}", attempt)
+
+    # -- reads -----------------------------------------------------------------------------------
+    async def read(self, items: list[ReadItem], *, allow_uncommitted: bool = False) -> None:
+        """Fill every item's dest; per-item errors are stored in item.error (never raised)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RETRY_S
+        pending = [it for it in items if it.length > 0]
+        for it in items:
+            if it.length == 0:
+                it.result = 0
+        delay = 0.002
+        while pending:
+            routing = await self.mgmtd.get()
+            groups = self._group_by_node(routing, pending)
+            await asyncio.gather(*(self._read_node(addr, batch, allow_uncommitted)
+                                   for addr, batches in groups.items() for batch in batches))
+            retry = [it for it in pending if it.error is not None and it.error.retryable]
+            if not retry or loop.time() > deadline:
+                return
+            for it in retry:
+                it.error = None
+            pending = retry
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)
+            try:
+                await self.mgmtd.refresh()
+            except ThreeFSError:
+                pass
+
+    def _group_by_node(self, routing: Routing, items: list[ReadItem]) -> dict[str, list]:
+        groups: dict[str, list[list[ReadItem]]] = {}
+        for it in items:
+            try:
+                chain = routing.chain(it.chain_id)
+                targets = serving_targets(chain)
+                if not targets:
+                    raise status_error(StatusCode.NO_SERVING_TARGET, f"chain {it.chain_id} has no "
+                                       f"SERVING target ({routing.describe_chain(it.chain_id)})")
+                target = targets[next(self._rr) % len(targets)]
+                addr = routing.target_addr(target)
+            except ThreeFSError as e:
+                it.error = e
+                continue
+            it.target = target
+            batches = groups.setdefault(addr, [[]])
+            last = batches[-1]
+            if len(last) >= BATCH_IOS_MAX or sum(x.length for x in last) + it.length > BATCH_BYTES_MAX:
+                batches.append(last := [])
+            last.append(it)
+        return {addr: [b for b in batches if b] for addr, batches in groups.items()}
+
+    async def _read_node(self, addr: str, batch: list[ReadItem], allow_uncommitted: bool) -> None:
+        req = ss.BatchReadReq([ss.ReadIO(it.chain_id, it.target, it.chunk_id, it.offset, it.length)
+                               for it in batch], allow_uncommitted)
+        # One IO: receive straight into the caller's memory. Several: into one buffer, then scatter.
+        single = len(batch) == 1
+        recv = batch[0].dest if single else aligned_buffer(sum(align_up(it.length) for it in batch))
+        try:
+            async with self._sem(addr):
+                rsp, payload = await self.rpc.call(addr, "storage.batch_read", req, ss.BatchReadRsp,
+                                                   recv_into=recv, timeout=self.timeout)
+        except ThreeFSError as e:
+            for it in batch:
+                it.error = e
+            return
+        pos = 0
+        for it, res in zip(batch, rsp.results):
+            if res.status:
+                it.error = status_error(res.status, f"{addr}: {res.message}")
+                continue
+            if not single:
+                it.dest[:res.length] = payload[pos:pos + res.length]
+            if res.length < it.length:
+                it.dest[res.length:] = bytes(it.length - res.length)
+            pos = align_up(pos + res.length)
+            it.result = res.length

@@ -1,0 +1,102 @@
+"""Path parsing for the meta service: pure, no KV.
+
+A path is split the way Linux's path walk sees it: the components leading to the parent directory, then the
+last component and its kind. The kind matters because Linux answers differently when the last component is
+not a plain name: `rmdir("/a/.")` is EINVAL, `rmdir("/a/..")` ENOTEMPTY, `rmdir("/")` EBUSY, `mkdir("/a/.")`
+EEXIST, `unlink("/a/..")` EISDIR, `rename` of any of them EBUSY. A trailing slash demands a directory.
+
+'.' components are dropped here; '..' is kept, because it means the *physical* parent of the directory
+reached so far (the walk resolves it), not a textual cut.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+from threefs.common import limits
+from threefs.common.status import StatusCode, status_error
+
+
+class Last(enum.Enum):
+    """What the last component of a path is (Linux: LAST_NORM, LAST_DOT, LAST_DOTDOT, LAST_ROOT)."""
+
+    NAME = "name"
+    DOT = "."
+    DOTDOT = ".."
+    ROOT = "/"
+
+
+class ParsedPath(NamedTuple):
+    text: str  # the path as the caller gave it, for error messages
+    parent: tuple[str, ...]  # components to walk from the root to the directory holding `last` ('..' allowed)
+    last: str  # the final name; '' for the root, '.' or '..' for those kinds
+    kind: Last
+    trailing_slash: bool  # "a/b/": the target must be a directory
+
+
+def encode_name(name: str) -> bytes:
+    """A name's bytes. surrogateescape lets names that are not valid UTF-8 (from FUSE) round-trip."""
+    return name.encode("utf-8", "surrogateescape")
+
+
+def decode_name(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def check_name(name: str, path: str) -> None:
+    """Reject a single component that could never be stored (too long, NUL, '/')."""
+    if "\x00" in name:
+        raise status_error(StatusCode.INVALID_PATH, f"path {path!r} contains a NUL byte")
+    if "/" in name or name in ("", ".", ".."):
+        raise status_error(StatusCode.INVALID_PATH, f"{name!r} is not a valid file name (in {path!r})")
+    size = len(encode_name(name))
+    if size > limits.NAME_BYTES_MAX:
+        raise status_error(
+            StatusCode.NAME_TOO_LONG,
+            f"name {name[:40]!r}... is {size} bytes, over the limit of {limits.NAME_BYTES_MAX} (in {path!r})",
+        )
+
+
+def split_components(path: str) -> list[str]:
+    """Components of `path` with '//' collapsed and '.' dropped ('..' kept). No validation."""
+    return [part for part in path.split("/") if part and part != "."]
+
+
+def parse_path(path: str) -> ParsedPath:
+    """Validate an absolute path and split it into (parent components, last component, kind)."""
+    if not isinstance(path, str):
+        raise status_error(StatusCode.INVALID_PATH, f"path must be a str, not {type(path).__name__}")
+    if not path.startswith("/"):
+        raise status_error(StatusCode.INVALID_PATH, f"path {path!r} is not absolute (must start with '/')")
+    size = len(encode_name(path))
+    if size > limits.PATH_BYTES_MAX:
+        raise status_error(
+            StatusCode.NAME_TOO_LONG, f"path {path[:60]!r}... is {size} bytes, over the limit of "
+            f"{limits.PATH_BYTES_MAX}"
+        )
+    raw = [part for part in path.split("/") if part]
+    parts = [part for part in raw if part != "."]
+    if len(parts) > limits.PATH_DEPTH_MAX:
+        raise status_error(
+            StatusCode.NAME_TOO_LONG, f"path {path[:60]!r}... has {len(parts)} components, over the limit of "
+            f"{limits.PATH_DEPTH_MAX}"
+        )
+    for part in parts:
+        if part != "..":
+            check_name(part, path)
+    trailing_slash = path.endswith("/") and bool(raw)
+    parent, last, kind = split_last(path)
+    return ParsedPath(path, parent, last, kind, trailing_slash)
+
+
+def split_last(path: str) -> tuple[tuple[str, ...], str, Last]:
+    """(components before the last, the last one, its kind); '//' collapsed, '.' dropped except at the end.
+
+    Also used for symlink targets, which are never empty (an empty path has no meaning here)."""
+    raw = [part for part in path.split("/") if part]
+    if not raw:
+        return (), "", Last.ROOT
+    last = raw[-1]
+    kind = Last.DOT if last == "." else Last.DOTDOT if last == ".." else Last.NAME
+    return tuple(part for part in raw[:-1] if part != "."), last, kind

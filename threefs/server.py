@@ -1,0 +1,111 @@
+"""Service process entry point: `python -m threefs.server CONFIG.toml` runs mgmtd, meta or storage.
+
+The process serves until SIGTERM/SIGINT, then stops its loops, closes its listener and its disks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+import uvloop
+
+from threefs.common.config import ServiceConfig, load_toml, read_token
+from threefs.common.status import ThreeFSError
+from threefs.rpc.client import RpcClient
+from threefs.rpc.server import RpcServer, token_authenticator
+
+log = logging.getLogger("threefs.server")
+
+
+async def _retry_forever(what: str, fn, interval: float = 0.5):
+    """Start-up steps that need a peer (mgmtd) wait for it instead of failing the process."""
+    while True:
+        try:
+            return await fn()
+        except ThreeFSError as e:
+            log.info("%s: %s; retrying", what, e)
+            await asyncio.sleep(interval)
+
+
+async def _build(config: ServiceConfig, token: str, server: RpcServer) -> tuple[list, list]:
+    """Create the service; returns (background coroutines, cleanup callables)."""
+    from threefs.client.mgmtd_client import MgmtdClient
+
+    if config.type == "mgmtd":
+        from threefs.kv import open_engine
+        from threefs.mgmtd.service import MgmtdService
+        from threefs.mgmtd.store import MgmtdStore
+
+        kv = await open_engine(config.kv)
+        svc = MgmtdService(config, MgmtdStore(kv))
+        await svc.start()
+        server.add_service("mgmtd", svc)
+        return [svc.run_background()], [kv.close]
+
+    rpc_client = RpcClient(token, client_id=f"{config.name}")
+    mgmtd = MgmtdClient(rpc_client, config.mgmtd)
+    if config.type == "storage":
+        from threefs.storage.resync import Resyncer
+        from threefs.storage.service import StorageService
+
+        svc = StorageService(config, rpc_client, mgmtd)
+        svc.open_targets()
+        resync = svc.resync = Resyncer(svc)
+        server.add_service("storage", svc)
+        server.add_service("storage", resync)  # storage.sync_dump
+        await _retry_forever("register with mgmtd", svc.register)
+        return ([svc.heartbeat_loop(), mgmtd.refresh_loop(config.heartbeat_interval_s), resync.run()],
+                [svc.close, rpc_client.close])
+    if config.type == "meta":
+        from threefs.client.storage_client import StorageClient
+        from threefs.kv import open_engine
+        from threefs.meta.service import MetaService
+
+        kv = await open_engine(config.kv)
+        svc = MetaService(config, kv, mgmtd, StorageClient(rpc_client, mgmtd))
+        server.add_service("meta", svc)
+        await _retry_forever("register with mgmtd", svc.start)
+        return ([svc.heartbeat_loop(), mgmtd.refresh_loop(config.heartbeat_interval_s), svc.gc_loop()],
+                [kv.close, rpc_client.close])
+    raise SystemExit(f"unknown service type {config.type!r} in config")
+
+
+async def serve(config: ServiceConfig) -> None:
+    token = read_token(config.token_file)
+    server = RpcServer(config.name, token_authenticator(token))
+    port = await server.start(config.listen_host, config.port)
+    config.port = port
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    background, cleanup = await _build(config, token, server)
+    log.info("%s (node %d) serving on %s", config.name, config.node_id, config.addr)
+    tasks = [asyncio.ensure_future(c) for c in background]
+    await stop.wait()
+    log.info("%s stopping", config.name)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await server.stop()
+    for fn in cleanup:
+        result = fn()
+        if asyncio.iscoroutine(result):
+            await result
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        raise SystemExit("usage: python -m threefs.server CONFIG.toml")
+    config = load_toml(argv[0], ServiceConfig)
+    logging.basicConfig(level=config.log_level, stream=sys.stderr,
+                        format=f"%(asctime)s {config.name} %(levelname)s %(name)s: %(message)s")
+    uvloop.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()
