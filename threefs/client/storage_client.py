@@ -16,7 +16,7 @@ import crc32c
 
 from threefs.client.mgmtd_client import MgmtdClient, Routing
 from threefs.common import limits
-from threefs.common.buffers import align_up, aligned_buffer
+from threefs.common.buffers import BufferPool, align_up
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.mgmtd.chain_state import serving_targets, write_targets
 from threefs.rpc.client import RpcClient
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 RETRY_S = 20.0  # total time an IO keeps retrying retryable errors
 BATCH_IOS_MAX = 64
 BATCH_BYTES_MAX = 4 * limits.MiB
+SOLO_IO_BYTES_MIN = 128 * limits.KiB  # larger IOs skip batching so they need no scatter copy
 
 
 @dataclass
@@ -52,6 +53,7 @@ class StorageClient:
         self._sems: dict[str, asyncio.Semaphore] = {}
         self._request_ids = itertools.count(1)
         self._rr = itertools.count()
+        self.pool = BufferPool()  # scatter buffers of multi-IO reads
 
     def _sem(self, addr: str) -> asyncio.Semaphore:
         sem = self._sems.get(addr)
@@ -183,6 +185,9 @@ class StorageClient:
                 continue
             it.target = target
             batches = groups.setdefault(addr, [[]])
+            if it.length >= SOLO_IO_BYTES_MIN:  # its own request: received straight into dest
+                batches.insert(0, [it])
+                continue
             last = batches[-1]
             if len(last) >= BATCH_IOS_MAX or sum(x.length for x in last) + it.length > BATCH_BYTES_MAX:
                 batches.append(last := [])
@@ -194,7 +199,15 @@ class StorageClient:
                                for it in batch], allow_uncommitted)
         # One IO: receive straight into the caller's memory. Several: into one buffer, then scatter.
         single = len(batch) == 1
-        recv = batch[0].dest if single else aligned_buffer(sum(align_up(it.length) for it in batch))
+        lease = None if single else self.pool.acquire(sum(align_up(it.length) for it in batch))
+        recv = batch[0].dest if single else lease.view
+        try:
+            await self._read_batch(addr, req, batch, recv, single)
+        finally:
+            if lease is not None:
+                lease.release()
+
+    async def _read_batch(self, addr, req, batch, recv, single) -> None:
         try:
             async with self._sem(addr):
                 rsp, payload = await self.rpc.call(addr, "storage.batch_read", req, ss.BatchReadRsp,

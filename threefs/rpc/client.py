@@ -101,7 +101,8 @@ class ClientConnection(FramedProtocol):
         except ConnectionError as e:
             raise UnavailableError(StatusCode.UNAVAILABLE, f"{method} to {self.addr}: {e}") from e
         finally:
-            self.pending.pop(rid, None)
+            if self.pending.pop(rid, None) is not None and recv_into is not None:
+                self.reader.divert(rid)  # gave up (timeout, cancel): stop writing into recv_into
 
 
 class RpcClient:

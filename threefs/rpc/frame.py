@@ -101,6 +101,13 @@ class FrameReader:
         self._end += nbytes
         self._parse()
 
+    def divert(self, rid: int) -> None:
+        """If frame `rid`'s payload is being received directly, send its remaining bytes elsewhere.
+
+        Called when a caller gives up on a request: its buffer must not be written after that."""
+        if self._direct is not None and self._direct_header.rid == rid:
+            self._direct = memoryview(bytearray(len(self._direct)))
+
     # -- parsing ---------------------------------------------------------------------------------
     def _make_room(self, needed: int) -> None:
         """Move unparsed bytes to the front; grow the scratch when a header needs more room."""

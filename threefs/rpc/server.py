@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable
 import msgspec
 
 from threefs.common import limits
+from threefs.common.buffers import BufferPool, Lease
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.frame import KIND_HELLO, KIND_REQUEST, KIND_RESPONSE, FrameError, Header, body_encoder
 from threefs.rpc.schemas.common import Hello, HelloRsp
@@ -47,7 +48,7 @@ class CallContext:
     peer: str
     principal: str  # who the token belongs to
     client_id: str
-    payload: memoryview | None
+    payload: memoryview | None  # valid until the handler returns (pooled buffer): copy to keep
     deadline: float  # loop.time() by which the caller gives up
     conn: "ServerConnection" = field(repr=False, default=None)
 
@@ -66,6 +67,7 @@ class ServerConnection(FramedProtocol):
         self.principal: str | None = None
         self.client_id = ""
         self.tasks: set[asyncio.Task] = set()
+        self._leases: dict[int, Lease] = {}  # request id -> pooled payload buffer
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -80,7 +82,9 @@ class ServerConnection(FramedProtocol):
     def allocate_payload(self, header: Header, nbytes: int) -> memoryview:
         if self.principal is None:  # nobody gets to make us allocate before authenticating
             raise FrameError(StatusCode.AUTH_FAILED, "payload sent before authentication")
-        return memoryview(bytearray(nbytes))
+        lease = self.server.pool.acquire(nbytes)
+        self._leases[header.rid] = lease
+        return lease.view
 
     def on_frame_error(self, exc: FrameError) -> None:
         # Tell the peer why, on request id 0, before closing: a readable error beats a reset.
@@ -137,6 +141,14 @@ class ServerConnection(FramedProtocol):
         await self._send_quiet(Header(KIND_HELLO, header.rid, body=body))
 
     async def _dispatch(self, header: Header, payload: memoryview | None) -> None:
+        try:
+            await self._handle(header, payload)
+        finally:
+            lease = self._leases.pop(header.rid, None)
+            if lease is not None:  # handlers must not keep ctx.payload past their return
+                lease.release()
+
+    async def _handle(self, header: Header, payload: memoryview | None) -> None:
         loop = asyncio.get_running_loop()
         timeout = header.timeout_ms / 1000 if header.timeout_ms > 0 else limits.CALL_TIMEOUT_S_DEFAULT
         started = time.perf_counter()
@@ -156,7 +168,12 @@ class ServerConnection(FramedProtocol):
                 result = await fn(ctx, req)
             rsp, out = result if isinstance(result, tuple) else (result, None)
             body = msgspec.Raw(body_encoder.encode(rsp))
-            await self._send_quiet(Header(KIND_RESPONSE, header.rid, body=body), out)
+            try:
+                await self._send_quiet(Header(KIND_RESPONSE, header.rid, body=body),
+                                       out.view if isinstance(out, Lease) else out)
+            finally:
+                if isinstance(out, Lease):
+                    out.release()
             self.server.observe(header.method, time.perf_counter() - started, None)
         except ThreeFSError as e:
             self.server.observe(header.method, time.perf_counter() - started, e.code)
@@ -192,6 +209,7 @@ class RpcServer:
         self.inflight_max = inflight_max
         self.handlers: dict[str, Handler] = {}
         self.connections: set[ServerConnection] = set()
+        self.pool = BufferPool()  # payload buffers, reused (fresh pages cost a fault per 4 KiB)
         self._server: asyncio.AbstractServer | None = None
         self.metrics_hook: Callable[[str, float, StatusCode | None], None] | None = None
 

@@ -33,6 +33,9 @@ class FramedProtocol(asyncio.BufferedProtocol):
     # asyncio callbacks ----------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
         self.transport = transport
+        # Pause as soon as anything is queued in user space: send() then returns only once the
+        # kernel has taken the whole frame, so a pooled payload buffer can be reused right away.
+        transport.set_write_buffer_limits(high=0, low=0)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.reader.get_buffer(sizehint)
@@ -88,3 +91,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
             self.transport.writelines((head, payload))
         else:
             self.transport.write(head)
+        while self._paused and not self.is_closing():  # wait until the kernel has the bytes
+            fut = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(fut)
+            await fut

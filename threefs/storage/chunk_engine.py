@@ -177,10 +177,10 @@ def _pwritev_all(fd: int, buffers: list, offset: int) -> None:
             buffers[0] = buffers[0][written:]
 
 
-def _preadv_exact(fd: int, buffer: memoryview, offset: int, path: str) -> None:
+def _preadv_exact(fd: int, buffer: memoryview, offset: int, path: str, flags: int = 0) -> None:
     done = 0
     while done < len(buffer):
-        got = os.preadv(fd, [buffer[done:]], offset + done)
+        got = os.preadv(fd, [buffer[done:]], offset + done, flags)
         if got == 0:
             raise status_error(
                 StatusCode.IO_ERROR, f"data file {path} ends at {offset + done}, metadata says {offset + len(buffer)}"
@@ -334,12 +334,15 @@ class ChunkEngine:
     # -- reads -----------------------------------------------------------------------------------
 
     def read(
-        self, chunk_id: bytes, offset: int, length: int, out: memoryview | None = None, *, pending: bool = False
+        self, chunk_id: bytes, offset: int, length: int, out: memoryview | None = None, *, pending: bool = False,
+        nowait: bool = False,
     ) -> tuple[memoryview | bytes, ChunkMeta]:
         """Read [offset, offset+length) of the committed version (the pending one if `pending`), clamped
         to its length. With `out` (writable, at least `length` bytes) the data lands in out[:n] and that
         view is returned; otherwise new bytes. A chunk that was never committed reads as empty.
-        Missing chunk (or pending=True on a pending removal): CHUNK_NOT_FOUND."""
+        Missing chunk (or pending=True on a pending removal): CHUNK_NOT_FOUND.
+        nowait=True (with `out`): raise BlockingIOError instead of waiting for the disk, so an event
+        loop can serve page-cache hits inline and send misses to a thread (preadv2 RWF_NOWAIT)."""
         _check_chunk_id(chunk_id)
         view = None if out is None else _as_byte_view(out)
         if offset < 0 or length < 0 or (view is not None and (view.readonly or len(view) < length)):
@@ -350,7 +353,8 @@ class ChunkEngine:
             if count == 0:
                 return (b"" if view is None else view[:0]), meta
             try:
-                return self._read_file(self._file(chunk_id, gen), offset, count, view), meta
+                flags = os.RWF_NOWAIT if nowait and view is not None else 0
+                return self._read_file(self._file(chunk_id, gen), offset, count, view, flags), meta
             except FileNotFoundError:
                 # a commit replaced the version and unlinked its file after we looked it up
                 if attempt == 0 and self.get_meta(chunk_id) != meta:
@@ -374,7 +378,7 @@ class ChunkEngine:
         return meta, stored.gen, stored.length
 
     @staticmethod
-    def _read_file(path: str, offset: int, count: int, view: memoryview | None) -> memoryview | bytes:
+    def _read_file(path: str, offset: int, count: int, view: memoryview | None, flags: int = 0) -> memoryview | bytes:
         fd = os.open(path, os.O_RDONLY)
         try:
             if view is None:
@@ -382,7 +386,7 @@ class ChunkEngine:
                 if len(data) != count:
                     raise status_error(StatusCode.IO_ERROR, f"data file {path} is shorter than its metadata")
                 return data
-            _preadv_exact(fd, view[:count], offset, path)
+            _preadv_exact(fd, view[:count], offset, path, flags)
             return view[:count]
         finally:
             os.close(fd)

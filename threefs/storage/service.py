@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import crc32c
 
 from threefs.client.mgmtd_client import MgmtdClient, Routing
-from threefs.common.buffers import align_up, aligned_buffer
+from threefs.common.buffers import align_up
 from threefs.common.config import ServiceConfig
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.mgmtd.chain_state import write_targets
@@ -315,11 +315,19 @@ class StorageService:
             if io.target_id in self.engines and (target is None or target.public_state != ms.SERVING):
                 routing = await self.mgmtd.refresh()  # maybe we are behind; then judge again
                 break
-        buf = aligned_buffer(sum(align_up(io.length) for io in req.ios))
-        results, used = await self._disk(self._read_batch, req, routing, buf)
-        return ss.BatchReadRsp(results), buf[:used]
+        lease = ctx.conn.server.pool.acquire(sum(align_up(io.length) for io in req.ios))
+        try:
+            try:  # page-cache hits are served inline; a miss goes to the disk threads
+                results, used = self._read_batch(req, routing, lease.view, nowait=True)
+            except BlockingIOError:
+                results, used = await self._disk(self._read_batch, req, routing, lease.view)
+        except BaseException:
+            lease.release()
+            raise
+        lease.view = lease.view[:used]
+        return ss.BatchReadRsp(results), lease
 
-    def _read_batch(self, req: ss.BatchReadReq, routing: Routing, out: memoryview):
+    def _read_batch(self, req: ss.BatchReadReq, routing: Routing, out: memoryview, nowait: bool = False):
         """Runs in the disk pool: IO k's bytes land in `out` at its slot, aligned (see BatchReadRsp)."""
         results, pos, end = [], 0, 0
         for io in req.ios:
@@ -334,13 +342,15 @@ class StorageService:
                 results.append(ss.ReadResult(int(StatusCode.TARGET_OFFLINE), 0,
                                              f"target {io.target_id} is {state}, not SERVING"))
                 continue
-            results.append(self._read_one(engine, io, req.allow_uncommitted, out[pos:pos + io.length]))
+            results.append(self._read_one(engine, io, req.allow_uncommitted, out[pos:pos + io.length],
+                                          nowait))
             end = pos + results[-1].length
             pos = align_up(end)
         return results, end
 
     @staticmethod
-    def _read_one(engine: ChunkEngine, io: ss.ReadIO, allow_uncommitted: bool, out: memoryview):
+    def _read_one(engine: ChunkEngine, io: ss.ReadIO, allow_uncommitted: bool, out: memoryview,
+                  nowait: bool = False):
         meta = engine.get_meta(io.chunk_id)
         if meta is None:
             return ss.ReadResult(0, 0)  # a hole: the client fills zeros
@@ -349,7 +359,8 @@ class StorageService:
                                  f"chunk {io.chunk_id.hex()} has a pending update")
         try:
             data, meta = engine.read(io.chunk_id, io.offset, io.length, out,
-                                     pending=allow_uncommitted and meta.update_ver != meta.commit_ver)
+                                     pending=allow_uncommitted and meta.update_ver != meta.commit_ver,
+                                     nowait=nowait)
         except ThreeFSError as e:
             if e.code == StatusCode.CHUNK_NOT_FOUND:  # removed meanwhile: a hole
                 return ss.ReadResult(0, 0)
