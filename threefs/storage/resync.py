@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import crc32c
-
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.mgmtd.chain_state import write_targets
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas import storage as ss
 from threefs.rpc.server import CallContext, rpc
+from threefs.storage import craq
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +81,7 @@ class Resyncer:
         remote = await self._dump(addr, successor)
         engine = self.svc.engines[me]
         local = {meta.chunk_id: meta for meta in await self.svc._disk(engine.iter_metas)}
-        todo = [cid for cid, meta in local.items()
-                if meta.commit_ver and (cid not in remote or remote[cid].commit_ver != meta.commit_ver
-                                        or remote[cid].crc != meta.crc or remote[cid].length != meta.length)]
-        extra = [cid for cid in remote if cid not in local]
+        todo, extra = craq.resync_plan(local, remote)
         log.info("resync chain %d: target %d -> %d: %d chunks to send, %d to remove, %d equal",
                  chain_id, me, successor, len(todo), len(extra), len(local) - len(todo))
         sent = 0
@@ -98,25 +94,22 @@ class Resyncer:
         log.info("resync of target %d done (%d chunks)", successor, sent)
 
     async def _send_chunk(self, chain_id: int, me: int, successor: int, cid: bytes) -> None:
-        engine = self.svc.engines[me]
         lock = self.svc._lock(me, cid)
         async with lock:
-            routing = await self.svc.mgmtd.get()
-            chain = routing.chain(chain_id)
-            meta = engine.get_meta(cid)
-            if meta is None or not meta.commit_ver:
-                req = ss.UpdateReq(chain_id, chain.version, cid, ss.REMOVE, from_target=me, sync=True,
-                                   update_ver=1)
-                payload = None
-            else:
-                data, meta = await self.svc._disk(engine.read, cid, 0, meta.length)
-                req = ss.UpdateReq(chain_id, chain.version, cid, ss.WRITE, 0, len(data), meta.length,
-                                   crc32c.crc32c(data), update_ver=meta.commit_ver, full_replace=True,
-                                   from_target=me, sync=True)
-                req.chunk_size = max(meta.length, 1)
-                payload = data
-            await self.svc.rpc.call(routing.target_addr(successor), "storage.update", req,
-                                    ss.UpdateRsp, payload=payload)
+            chain = (await self.svc.mgmtd.get()).chain(chain_id)
+            await craq.drive(craq.resync_chunk_flow(me, successor, chain, cid), self._effects(me))
+
+    def _effects(self, me: int):
+        base = self.svc._effects(me)
+        engine = self.svc.engines[me]
+
+        async def perform(e):
+            if isinstance(e, craq.ReadCommitted):
+                data, _ = await self.svc._disk(engine.read, e.chunk_id, 0, e.length)
+                return data
+            return await base(e)
+
+        return perform
 
     @rpc(ss.SyncDumpReq)
     async def sync_dump(self, ctx: CallContext, req: ss.SyncDumpReq) -> ss.SyncDumpRsp:

@@ -1,0 +1,332 @@
+"""The CRAQ write path as sans-IO flows: generators that yield effects and receive their results.
+
+The storage service runs a flow with real effects (the chunk engine, RPC to the successor, the routing
+cache, asyncio.sleep); the seeded simulator (threefs/testing/craq_sim.py) runs the *same* flow with an
+in-memory chunk store, a lossy reordering network, crashes and a clock it controls. A failed effect is
+thrown back into the flow as its ThreeFSError, exactly where it was yielded.
+
+    flow = update_flow(me, chain, req, payload)        # a generator
+    rsp = await drive(flow, perform)                   # perform(effect) -> result, may raise
+
+The caller holds the per-chunk lock for the whole flow (3FS: writes to a chunk serialize at the head;
+each replica applies a chunk's updates one at a time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Generator
+
+import crc32c
+
+from threefs.common.status import StatusCode, ThreeFSError, status_error
+from threefs.mgmtd.chain_state import write_targets
+from threefs.rpc.schemas import mgmtd as ms
+from threefs.rpc.schemas import storage as ss
+from threefs.storage.replica import Decision, decide_at_successor, plan_at_head
+
+FORWARD_RETRY_S = 10.0  # how long a replica keeps retrying its successor before failing the update
+FORWARD_BACKOFF_S = (0.01, 0.5)  # first and largest delay between forwarding attempts
+
+
+# -- effects ------------------------------------------------------------------------------------
+@dataclass
+class GetMeta:  # -> ChunkMeta | None
+    chunk_id: bytes
+
+
+@dataclass
+class ReadNewest:  # -> bytes of the newest (pending if any) version, whole chunk
+    chunk_id: bytes
+    chunk_size: int
+
+
+@dataclass
+class Write:  # -> pending ChunkMeta
+    chunk_id: bytes
+    update_ver: int
+    chain_ver: int
+    offset: int
+    data: Any
+    chunk_size: int
+    full_replace: bool
+    tag: bytes
+
+
+@dataclass
+class Truncate:  # -> pending ChunkMeta
+    chunk_id: bytes
+    update_ver: int
+    chain_ver: int
+    length: int
+    chunk_size: int
+    tag: bytes
+
+
+@dataclass
+class Remove:  # -> pending ChunkMeta | None
+    chunk_id: bytes
+    update_ver: int
+    chain_ver: int
+    tag: bytes
+
+
+@dataclass
+class Commit:  # -> committed ChunkMeta | None (None: removed)
+    chunk_id: bytes
+    update_ver: int
+    chain_ver: int
+
+
+@dataclass
+class Forward:  # -> UpdateRsp of the successor (raises its error)
+    target_id: int
+    req: ss.UpdateReq
+    payload: Any
+
+
+@dataclass
+class RefreshChain:  # -> ChainInfo (fresh from mgmtd)
+    chain_id: int
+
+
+@dataclass
+class Sleep:  # -> None
+    seconds: float
+
+
+@dataclass
+class Now:  # -> float, seconds on a monotonic clock
+    pass
+
+
+Flow = Generator[Any, Any, Any]
+
+
+async def drive(flow: Flow, perform: Callable[[Any], Awaitable[Any]]):
+    """Run a flow with real effects (asyncio). Errors of an effect are thrown into the flow."""
+    value, error = None, None
+    while True:
+        try:
+            effect = flow.throw(error) if error is not None else flow.send(value)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            value, error = await perform(effect), None
+        except ThreeFSError as e:
+            value, error = None, e
+
+
+# -- flows --------------------------------------------------------------------------------------
+def response(meta) -> ss.UpdateRsp:
+    if meta is None:
+        return ss.UpdateRsp(0, 0, 0, removed=True)
+    return ss.UpdateRsp(meta.commit_ver, meta.length, meta.crc)
+
+
+def tag_bytes(req: ss.UpdateReq) -> bytes:
+    return b"" if req.tag is None else f"{req.tag.client_id}:{req.tag.request_id}".encode()
+
+
+def update_flow(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload) -> Flow:
+    """One update at one replica: version decision, pending write, forward, commit."""
+    meta = yield GetMeta(req.chunk_id)
+    if req.sync and req.from_target:
+        return response((yield from sync_apply_flow(req, payload, meta, chain.version)))
+    if req.from_target == 0:
+        plan = plan_at_head(meta)
+        update_ver, full = plan.update_ver, plan.full_replace
+    else:
+        update_ver, full = req.update_ver, req.full_replace
+        if req.kind != ss.REMOVE:
+            decision = decide_at_successor(meta, update_ver, full)
+            if decision is Decision.COMMITTED:
+                return response(meta)
+            if decision is Decision.MISSING:
+                raise status_error(StatusCode.MISSING_UPDATE,
+                                   f"target {me} misses versions before {update_ver} of chunk "
+                                   f"{req.chunk_id.hex()} (has {meta.commit_ver if meta else 0})")
+    pending = yield from apply_flow(req, payload, update_ver, full, chain.version)
+    yield from forward_flow(me, chain, req, payload, update_ver, full, pending)
+    committed = yield Commit(req.chunk_id, update_ver, chain.version)
+    return response(committed)
+
+
+def apply_flow(req: ss.UpdateReq, payload, update_ver: int, full: bool, chain_ver: int) -> Flow:
+    """Write the pending version; a head with `full` composes it on its newest version."""
+    cid, tag = req.chunk_id, tag_bytes(req)
+    if req.kind == ss.REMOVE:
+        return (yield Remove(cid, update_ver, chain_ver, tag))
+    if full and req.from_target == 0:
+        newest = yield ReadNewest(cid, req.chunk_size)
+        data = compose(newest, req, payload)
+        return (yield Write(cid, update_ver, chain_ver, 0, data, req.chunk_size, True, tag))
+    if req.kind == ss.TRUNCATE:
+        return (yield Truncate(cid, update_ver, chain_ver, req.length, req.chunk_size, tag))
+    return (yield Write(cid, update_ver, chain_ver, req.offset, payload, req.chunk_size, full, tag))
+
+
+def compose(newest, req: ss.UpdateReq, payload) -> bytearray:
+    """The whole chunk after applying `req` on top of `newest`."""
+    chunk = bytearray(newest)
+    if req.kind == ss.TRUNCATE:
+        del chunk[req.length:]
+        chunk.extend(bytes(max(0, req.length - len(chunk))))
+        return chunk
+    end = req.offset + len(payload)
+    if len(chunk) < end:
+        chunk.extend(bytes(end - len(chunk)))
+    chunk[req.offset:end] = payload
+    return chunk
+
+
+def forward_flow(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload, update_ver: int,
+                 full: bool, pending) -> Flow:
+    """Send the update to our successor until it commits, following routing changes."""
+    deadline = (yield Now()) + FORWARD_RETRY_S
+    delay = FORWARD_BACKOFF_S[0]
+    while True:
+        order = write_targets(chain)
+        if me not in order or order.index(me) + 1 >= len(order):
+            return  # we are the tail now: commit locally
+        successor = order[order.index(me) + 1]
+        syncing = any(t.target_id == successor and t.public_state == ms.SYNCING for t in chain.targets)
+        try:
+            fwd, body = yield from successor_request(me, chain, req, payload, update_ver,
+                                                     full or syncing)
+            rsp = yield Forward(successor, fwd, body)
+            check_successor(req, rsp, pending, successor)
+            return
+        except ThreeFSError as e:
+            if e.code == StatusCode.MISSING_UPDATE and not full:
+                full = True  # the successor lags: send it the whole chunk
+                continue
+            if (not e.retryable and e.code != StatusCode.MISSING_UPDATE) or (yield Now()) > deadline:
+                raise status_error(e.code, f"forwarding chunk {req.chunk_id.hex()} to target "
+                                   f"{successor} failed: {e.message}")
+        yield Sleep(delay)
+        delay = min(delay * 2, FORWARD_BACKOFF_S[1])
+        chain = yield RefreshChain(req.chain_id)
+
+
+def successor_request(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload, update_ver: int,
+                      full: bool) -> Flow:
+    """The request (and payload) for our successor: the same delta, or our whole newest chunk."""
+    fwd = ss.UpdateReq(req.chain_id, chain.version, req.chunk_id, req.kind, req.offset, req.length,
+                       req.chunk_size, req.crc, req.tag, update_ver, full, me)
+    if not full or req.kind == ss.REMOVE:
+        return fwd, (payload if req.kind == ss.WRITE else None)
+    data = yield ReadNewest(req.chunk_id, req.chunk_size)
+    fwd.offset, fwd.kind, fwd.length, fwd.crc = 0, ss.WRITE, len(data), crc32c.crc32c(data)
+    return fwd, data
+
+
+def check_successor(req: ss.UpdateReq, rsp: ss.UpdateRsp, pending, successor: int) -> None:
+    """Replicas verifiably agree after every write: compare the successor's chunk checksum."""
+    if req.kind == ss.REMOVE or pending is None:
+        return
+    if rsp.crc != pending.pending_crc or rsp.length != pending.pending_length:
+        raise status_error(StatusCode.CHECKSUM_MISMATCH,
+                           f"target {successor} holds chunk {req.chunk_id.hex()} with crc "
+                           f"{rsp.crc:08x}/{rsp.length} B, expected {pending.pending_crc:08x}/"
+                           f"{pending.pending_length} B")
+
+
+def sync_apply_flow(req: ss.UpdateReq, payload, meta, chain_ver: int) -> Flow:
+    """Resync replaces the chunk and its versions with the predecessor's, whatever we had."""
+    cid = req.chunk_id
+    if meta is not None:
+        ver = max(meta.update_ver, meta.commit_ver) + 1
+        yield Remove(cid, ver, chain_ver, b"")
+        yield Commit(cid, ver, chain_ver)
+    if req.kind == ss.REMOVE:
+        return None
+    yield Write(cid, req.update_ver, chain_ver, 0, payload, req.chunk_size, True, b"")
+    return (yield Commit(cid, req.update_ver, chain_ver))
+
+
+# -- admission and exactly-once (used by the service and the simulator alike) -------------------
+def admit(me: int, chain: ms.ChainInfo, req: ss.UpdateReq) -> None:
+    """Checks before an update may run at target `me` (chain version already matched)."""
+    order = write_targets(chain)
+    if me not in order:
+        raise status_error(StatusCode.TARGET_OFFLINE, f"target {me} is not writable in chain "
+                           f"{chain.chain_id} ({ms.SERVING}/{ms.SYNCING} only)")
+    if req.from_target == 0 and order[0] != me:
+        raise status_error(StatusCode.NOT_HEAD, f"target {me} is not the head of chain "
+                           f"{chain.chain_id}; head is {order[0]}")
+
+
+def check_chain_version(chain: ms.ChainInfo, chain_ver: int) -> None:
+    if chain_ver != chain.version:
+        raise status_error(StatusCode.CHAIN_VERSION_MISMATCH,
+                           f"chain {chain.chain_id} is at version {chain.version}, request carries "
+                           f"{chain_ver}; refresh routing and retry")
+
+
+class ExactlyOnce:
+    """Results of recent client updates by (client id, request id): a retry gets the cached answer."""
+
+    def __init__(self, entries_max: int = 100_000):
+        import collections
+
+        self.entries_max = entries_max
+        self._results: "collections.OrderedDict[tuple[str, int], ss.UpdateRsp]" = collections.OrderedDict()
+
+    @staticmethod
+    def key(req: ss.UpdateReq) -> tuple[str, int] | None:
+        return (req.tag.client_id, req.tag.request_id) if req.tag and not req.from_target else None
+
+    def get(self, req: ss.UpdateReq) -> ss.UpdateRsp | None:
+        key = self.key(req)
+        return None if key is None else self._results.get(key)
+
+    def put(self, req: ss.UpdateReq, rsp: ss.UpdateRsp) -> None:
+        key = self.key(req)
+        if key is None:
+            return
+        self._results[key] = rsp
+        while len(self._results) > self.entries_max:
+            self._results.popitem(last=False)
+
+
+def read_check(me: int, public_state: str | None, meta, allow_uncommitted: bool) -> None:
+    """May target `me` serve a read of this chunk? Raises the error the reader should see."""
+    from threefs.storage.replica import readable
+
+    if public_state != ms.SERVING:
+        raise status_error(StatusCode.TARGET_OFFLINE, f"target {me} is {public_state or 'unknown'}, "
+                           "not SERVING")
+    if not readable(meta, allow_uncommitted):
+        raise status_error(StatusCode.CHUNK_NOT_COMMIT, f"chunk {meta.chunk_id.hex()} has a pending update")
+
+
+# -- resync (3FS "Data recovery"): the predecessor of a SYNCING target brings it up to date ------
+def resync_plan(local: dict, remote: dict) -> tuple[list[bytes], list[bytes]]:
+    """Chunks to send whole (ours differ or are missing there) and to remove (only theirs)."""
+    send = sorted(cid for cid, meta in local.items()
+                  if meta.commit_ver and (cid not in remote or remote[cid].commit_ver != meta.commit_ver
+                                          or remote[cid].crc != meta.crc
+                                          or remote[cid].length != meta.length))
+    remove = sorted(cid for cid in remote if cid not in local)
+    return send, remove
+
+
+@dataclass
+class ReadCommitted:  # -> bytes of the committed version (whole chunk)
+    chunk_id: bytes
+    length: int
+
+
+def resync_chunk_flow(me: int, successor: int, chain: ms.ChainInfo, chunk_id: bytes) -> Flow:
+    """Send one chunk (or its removal) to the syncing successor; the caller holds the chunk lock."""
+    meta = yield GetMeta(chunk_id)
+    if meta is None or not meta.commit_ver:
+        req = ss.UpdateReq(chain.chain_id, chain.version, chunk_id, ss.REMOVE, from_target=me, sync=True,
+                           update_ver=1)
+        return (yield Forward(successor, req, None))
+    data = yield ReadCommitted(chunk_id, meta.length)
+    req = ss.UpdateReq(chain.chain_id, chain.version, chunk_id, ss.WRITE, 0, len(data), max(meta.length, 1),
+                       crc32c.crc32c(data), update_ver=meta.commit_ver, full_replace=True,
+                       from_target=me, sync=True)
+    return (yield Forward(successor, req, data))
