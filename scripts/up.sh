@@ -3,5 +3,6 @@
 # Extra arguments go to `threefs up` (e.g. --detach, --storage 3 --replicas 3).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$root/scripts/setup-system.sh"
 bash "$root/scripts/setup-venv.sh"
 exec "$root/.venv/bin/threefs" up "$@"

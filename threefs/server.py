@@ -15,7 +15,7 @@ import uvloop
 from threefs.common.config import ServiceConfig, load_toml, read_token
 from threefs.common.status import ThreeFSError
 from threefs.rpc.client import RpcClient
-from threefs.rpc.server import RpcServer, token_authenticator
+from threefs.rpc.server import RpcServer
 
 log = logging.getLogger("threefs.server")
 
@@ -30,34 +30,61 @@ async def _retry_forever(what: str, fn, interval: float = 0.5):
             await asyncio.sleep(interval)
 
 
-async def _build(config: ServiceConfig, token: str, server: RpcServer) -> tuple[list, list]:
+def _user_tokens_from(mgmtd, auth, on_tokens=None):
+    """Storage and meta learn the valid user tokens from mgmtd whenever their version changes (meta also
+    learns each token's uid/gid through `on_tokens`)."""
+    from threefs.rpc.schemas import mgmtd as ms
+
+    async def fetch(routing) -> bool:
+        rsp = await mgmtd.call("list_tokens", ms.ListTokensReq(auth.version), ms.ListTokensRsp)
+        if rsp.tokens is not None:
+            auth.update(rsp.version, rsp.tokens)
+            if on_tokens is not None:
+                on_tokens(rsp.tokens)
+        return True
+
+    return fetch
+
+
+async def _build(config: ServiceConfig, token: str, server: RpcServer, metrics) -> tuple[list, list]:
     """Create the service; returns (background coroutines, cleanup callables)."""
     from threefs.client.mgmtd_client import MgmtdClient
+    from threefs.common.metrics import mgmtd_gauges, storage_gauges
 
     if config.type == "mgmtd":
         from threefs.kv import open_engine
+        from threefs.mgmtd.admin import MgmtdAdmin
         from threefs.mgmtd.service import MgmtdService
         from threefs.mgmtd.store import MgmtdStore
 
         kv = await open_engine(config.kv)
-        svc = MgmtdService(config, MgmtdStore(kv))
+        svc = MgmtdService(config, MgmtdStore(kv), auth=server.authenticate)
         await svc.start()
         server.add_service("mgmtd", svc)
-        return [svc.run_background()], [kv.close]
+        server.add_service("mgmtd", MgmtdAdmin(svc))
+        metrics.add_gauges(mgmtd_gauges(svc))
+        return [svc.lease_loop(), svc.run_background()], [svc.release, kv.close]
 
     rpc_client = RpcClient(token, client_id=f"{config.name}")
-    mgmtd = MgmtdClient(rpc_client, config.mgmtd)
+    mgmtd = MgmtdClient(rpc_client, config.mgmtd, follow_redirects=config.mgmtd_follow_redirects)
+    mgmtd.token_listener = _user_tokens_from(mgmtd, server.authenticate)
+    server.authenticate.reload = lambda: mgmtd.token_listener(None)  # a token issued a moment ago
     if config.type == "storage":
         from threefs.storage.resync import Resyncer
+        from threefs.storage.scrub import Scrubber
         from threefs.storage.service import StorageService
 
         svc = StorageService(config, rpc_client, mgmtd)
         svc.open_targets()
         resync = svc.resync = Resyncer(svc)
+        scrubber = svc.scrubber = Scrubber(svc, config.scrub_interval_s)
         server.add_service("storage", svc)
         server.add_service("storage", resync)  # storage.sync_dump
+        server.add_service("storage", scrubber)  # storage.scrub
+        metrics.add_gauges(storage_gauges(svc))
         await _retry_forever("register with mgmtd", svc.register)
-        return ([svc.heartbeat_loop(), mgmtd.refresh_loop(config.heartbeat_interval_s), resync.run()],
+        return ([svc.heartbeat_loop(), mgmtd.refresh_loop(config.heartbeat_interval_s), resync.run(),
+                 scrubber.run()],
                 [svc.close, rpc_client.close])
     if config.type == "meta":
         from threefs.client.storage_client import StorageClient
@@ -66,23 +93,33 @@ async def _build(config: ServiceConfig, token: str, server: RpcServer) -> tuple[
 
         kv = await open_engine(config.kv)
         svc = MetaService(config, kv, mgmtd, StorageClient(rpc_client, mgmtd))
+        mgmtd.token_listener = _user_tokens_from(mgmtd, server.authenticate, svc.set_users)
         server.add_service("meta", svc)
         await _retry_forever("register with mgmtd", svc.start)
-        return ([svc.heartbeat_loop(), mgmtd.refresh_loop(config.heartbeat_interval_s), svc.gc_loop()],
+        return ([*svc.background(), mgmtd.refresh_loop(config.heartbeat_interval_s)],
                 [kv.close, rpc_client.close])
     raise SystemExit(f"unknown service type {config.type!r} in config")
 
 
 async def serve(config: ServiceConfig) -> None:
+    from threefs.common.metrics import ServiceMetrics
+    from threefs.mgmtd.users import TokenAuthenticator
+
     token = read_token(config.token_file)
-    server = RpcServer(config.name, token_authenticator(token))
+    auth = TokenAuthenticator(token)  # cluster token + user tokens (mgmtd-issued)
+    server = RpcServer(config.name, auth)
+    auth.servers.append(server)
+    metrics = ServiceMetrics(config.name, config.node_id)
+    server.metrics_hook = metrics.observe_rpc
     port = await server.start(config.listen_host, config.port)
     config.port = port
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    background, cleanup = await _build(config, token, server)
+    background, cleanup = await _build(config, token, server, metrics)
+    if config.metrics_port:
+        metrics.serve(config.listen_host, config.metrics_port)
     log.info("%s (node %d) serving on %s", config.name, config.node_id, config.addr)
     tasks = [asyncio.ensure_future(c) for c in background]
     await stop.wait()

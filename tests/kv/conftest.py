@@ -16,7 +16,10 @@ import pytest
 
 from threefs.kv import KVEngine, open_engine
 from threefs.kv.memory import MemoryEngine
+from threefs.common.status import ThreeFSError
+from threefs.kv.etcd import EtcdEngine
 from threefs.kv.sqlite import SqliteEngine
+from threefs.testing.etcd_cluster import shared_etcd, stop_shared_etcd
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,21 @@ ENGINES: dict[str, EngineSpec] = {
         with_clock=lambda tmp, clock: SqliteEngine(f"{tmp}/db/kv.db", clock=clock),
         durable=True,
     ),
+    # A real 3-member etcd cluster on loopback, started once per session; keys under a per-test prefix.
+    "etcd": EngineSpec(
+        url=lambda tmp: _etcd().kv_url(f"kvtest-{tmp.name}"),
+        with_clock=lambda tmp, clock: EtcdEngine(_etcd().endpoints.split(","), f"kvtest-{tmp.name}", clock=clock),
+        durable=True,
+    ),
 }
+
+
+def _etcd():
+    """The session's etcd cluster, started on first use; skips when etcd cannot run here."""
+    try:
+        return shared_etcd()
+    except ThreeFSError as exc:
+        pytest.skip(f"no etcd cluster: {exc}")
 
 
 class FakeClock:
@@ -82,6 +99,12 @@ class KVHarness:
 @pytest.fixture(params=list(ENGINES))
 def kv(request: pytest.FixtureRequest, tmp_path: Path) -> KVHarness:
     return KVHarness(request.param, ENGINES[request.param], tmp_path)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_etcd_at_end():
+    yield
+    stop_shared_etcd()
 
 
 @pytest.fixture

@@ -120,7 +120,7 @@ class MetaEnv:
         """A fresh engine with an initialised MetaStore on it."""
         kwargs.setdefault("clock_ns", FakeClock())
         async with self.engine(yielding) as kv:
-            store = MetaStore(kv, table_info=lambda: (1, 1, n_chains), **kwargs)
+            store = MetaStore(kv, table_info=lambda table_id: (table_id, 1, n_chains), **kwargs)
             await store.init()
             yield store
 

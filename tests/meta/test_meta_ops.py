@@ -12,14 +12,17 @@ from threefs.common.layout import chain_positions
 from threefs.common.status import StatusCode, ThreeFSError
 from threefs.meta import schema
 from threefs.meta.schema import DIRECTORY, FILE
-from threefs.meta.store import MetaStore
+from threefs.meta.ops_attr import Changes, LengthUpdate
+from threefs.rpc.schemas.meta import UserCred
+from threefs.meta.ops_create import Replan
+from threefs.meta.store import Caller, MetaStore
 
 KiB = 1024
 WRITE_NEW = os.O_CREAT | os.O_WRONLY
 
 
 async def create(store, path, **kwargs):
-    rsp, _ = await store.open(path, WRITE_NEW, **kwargs)
+    rsp = await store.open(path, WRITE_NEW, **kwargs)
     return await store.close(rsp.attr.inode, rsp.session, -1)
 
 
@@ -32,7 +35,7 @@ def test_init_creates_root_once(meta):
             assert root.layout.stripe == min(N_CHAINS, 16)
             await store.mkdir("/keep")
             root = await store.stat("/")
-            again = MetaStore(store._kv, table_info=lambda: (1, 1, N_CHAINS))
+            again = MetaStore(store._kv, table_info=lambda table_id: (table_id, 1, N_CHAINS))
             await again.init()  # a second server starting: changes nothing
             assert await again.stat("/") == root
             assert [e.name for e in (await again.readdir("/"))[0]] == ["keep"]
@@ -55,7 +58,7 @@ def test_create_sets_times_and_touches_parent(meta):
         async with meta.store(clock_ns=clock) as store:
             d = await store.mkdir("/d", mode=0o700)
             assert d.mode == 0o700 and d.atime_ns == d.mtime_ns == d.ctime_ns
-            rsp, _ = await store.open("/d/f", WRITE_NEW, mode=0o600)
+            rsp = await store.open("/d/f", WRITE_NEW, mode=0o600)
             f = rsp.attr
             assert (f.type, f.mode, f.nlink, f.length) == (FILE, 0o600, 1, 0)
             assert f.atime_ns == f.mtime_ns == f.ctime_ns > d.ctime_ns
@@ -72,8 +75,8 @@ def test_create_sets_times_and_touches_parent(meta):
 def test_close_publishes_length_and_ends_session(meta):
     async def main():
         async with meta.store() as store:
-            rsp, job = await store.open("/f", WRITE_NEW, client_id="c1")
-            assert job is None and rsp.session and not rsp.truncated
+            rsp = await store.open("/f", WRITE_NEW, caller=Caller(client_id="c1"))
+            assert rsp.session and not rsp.truncated
             ino = rsp.attr.inode
             session_key = schema.session_key(ino, rsp.session)
             assert await store._kv.run(lambda tr: tr.get(session_key)) is not None
@@ -82,7 +85,7 @@ def test_close_publishes_length_and_ends_session(meta):
             assert await store._kv.run(lambda tr: tr.get(session_key)) is None
             again = await store.close(ino, rsp.session, 5000, client_id="c1")  # a retried close
             assert again.length == 5000
-            rsp2, _ = await store.open("/f", os.O_RDWR, client_id="c2")
+            rsp2 = await store.open("/f", os.O_RDWR, caller=Caller(client_id="c2"))
             shorter = await store.close(ino, rsp2.session, 10, client_id="c2")
             assert shorter.length == 5000  # the length only grows on close
             unchanged = await store.close(ino, "", -1)
@@ -94,7 +97,7 @@ def test_close_publishes_length_and_ends_session(meta):
 def test_close_checks(meta):
     async def main():
         async with meta.store() as store:
-            rsp, _ = await store.open("/f", WRITE_NEW, client_id="c1")
+            rsp = await store.open("/f", WRITE_NEW, caller=Caller(client_id="c1"))
             ino = rsp.attr.inode
             assert await errno_of(store.close(ino, rsp.session, 1, client_id="other")) == errno.EBADF
             assert await errno_of(store.close(ino, rsp.session, -2)) == errno.EINVAL
@@ -108,9 +111,9 @@ def test_read_only_open_has_no_session(meta):
     async def main():
         async with meta.store() as store:
             await create(store, "/f")
-            rsp, _ = await store.open("/f", os.O_RDONLY)
+            rsp = await store.open("/f", os.O_RDONLY)
             assert rsp.session == ""
-            rsp, _ = await store.open("/g", os.O_CREAT | os.O_RDONLY)
+            rsp = await store.open("/g", os.O_CREAT | os.O_RDONLY)
             assert rsp.session == "" and rsp.attr.type == FILE
             begin, end = schema.session_range(rsp.attr.inode)
             assert await store._kv.run(lambda tr: tr.get_range(begin, end)) == []
@@ -118,17 +121,22 @@ def test_read_only_open_has_no_session(meta):
     run(main())
 
 
-def test_o_trunc_returns_job(meta):
+def test_o_trunc_and_truncate_versions(meta):
     async def main():
         async with meta.store() as store:
-            rsp, _ = await store.open("/f", WRITE_NEW)
+            rsp = await store.open("/f", WRITE_NEW)
             await store.close(rsp.attr.inode, rsp.session, 3 * 1024 * KiB)
-            rsp2, job = await store.open("/f", os.O_WRONLY | os.O_TRUNC)
+            rsp2 = await store.open("/f", os.O_WRONLY | os.O_TRUNC)
             assert rsp2.truncated and rsp2.attr.length == 0
-            assert (job.inode, job.old_length, job.new_length) == (rsp.attr.inode, 3 * 1024 * KiB, 0)
-            assert job.layout == rsp.attr.layout
-            rsp3, job3 = await store.open("/f", os.O_WRONLY | os.O_TRUNC)  # already empty: nothing to remove
-            assert job3 is None and not rsp3.truncated
+            assert rsp2.attr.truncate_ver == rsp.attr.truncate_ver + 1
+            rsp3 = await store.open("/f", os.O_WRONLY | os.O_TRUNC)  # already empty: nothing removed
+            assert not rsp3.truncated and rsp3.attr.truncate_ver == rsp2.attr.truncate_ver + 1
+            # a plan for another version of the file is refused: the service must remove chunks again
+            with pytest.raises(Replan):
+                await store.open("/f", os.O_WRONLY | os.O_TRUNC, trunc_plan=(rsp.attr.inode, 0))
+            plan = await store.truncate_plan("/f", 0)
+            assert plan.key == (rsp.attr.inode, rsp3.attr.truncate_ver) and plan.has_sessions
+            await store.open("/f", os.O_WRONLY | os.O_TRUNC, trunc_plan=plan.key)
 
     run(main())
 
@@ -136,14 +144,40 @@ def test_o_trunc_returns_job(meta):
 def test_truncate(meta):
     async def main():
         async with meta.store() as store:
-            rsp, _ = await store.open("/f", WRITE_NEW)
+            rsp = await store.open("/f", WRITE_NEW)
             await store.close(rsp.attr.inode, rsp.session, 1000)
-            attr, job = await store.truncate("/f", 4000)  # growing leaves a hole, removes nothing
-            assert attr.length == 4000 and job is None and attr.mtime_ns > rsp.attr.mtime_ns
-            attr, job = await store.truncate("/f", 10)
-            assert attr.length == 10 and (job.old_length, job.new_length) == (4000, 10)
-            assert (await store.stat("/f")).length == 10
+            plan = await store.truncate_plan("/f", 4000)
+            assert not plan.needs_job(4000) and plan.needs_job(999)  # growing without writers: no job
+            attr = await store.truncate("/f", 4000, plan=plan.key)  # growing leaves a hole
+            assert attr.length == 4000 and attr.mtime_ns > rsp.attr.mtime_ns
+            with pytest.raises(Replan):
+                await store.truncate("/f", 10, plan=plan.key)  # the version moved on
+            attr = await store.truncate("/f", 10)
+            assert attr.length == 10 and (await store.stat("/f")).length == 10
             assert await errno_of(store.truncate("/f", 1 << 62)) == errno.EFBIG
+
+    run(main())
+
+
+def test_hints_from_before_a_truncate_are_ignored(meta):
+    """A writer's hint cannot bring back data a truncate removed; an exact length measured across a
+    truncate is refused; a hint for the current version is taken."""
+
+    async def main():
+        async with meta.store() as store:
+            rsp = await store.open("/f", WRITE_NEW, caller=Caller(client_id="w"))
+            ino = rsp.attr.inode
+            grown = await store.sync(ino, rsp.session, LengthUpdate(hint=100), client_id="w")
+            assert grown.length == 100
+            await store.truncate("/f", 0)
+            stale = await store.sync(ino, rsp.session, LengthUpdate(hint=5000), client_id="w")
+            assert stale.length == 0
+            with pytest.raises(Replan):
+                await store.sync(ino, rsp.session, LengthUpdate(exact_end=5000, exact_ver=0), client_id="w")
+            fresh = await store.sync(ino, rsp.session, LengthUpdate(hint=70, hint_ver=stale.truncate_ver))
+            assert fresh.length == 70
+            exact = await store.close(ino, rsp.session, 80, "w", exact_end=90, exact_ver=fresh.truncate_ver)
+            assert exact.length == 90
 
     run(main())
 
@@ -267,5 +301,39 @@ def test_readdir_entries(meta):
             assert [(e.name, e.inode, e.type) for e in entries] == expected
             assert not more
             assert await store.readdir("/d") == ([], False)
+
+    run(main())
+
+
+def test_directory_default_layout_can_be_changed(meta):
+    """A directory's default (chunk size, stripe, chain table) applies to files created in it afterwards;
+    files keep the layout they were created with."""
+    tables = {1: 16, 2: 6}
+
+    def table_info(table_id):
+        if table_id not in tables:
+            raise ThreeFSError(StatusCode.CHAIN_TABLE_NOT_FOUND, f"no chain table {table_id}")
+        return table_id, 3, tables[table_id]
+
+    async def main():
+        async with meta.engine() as kv:
+            store = MetaStore(kv, table_info=table_info, clock_ns=FakeClock())
+            await store.init()
+            await store.mkdir("/d")
+            before = await create(store, "/d/before")
+            d = await store.setattr("/d", Changes(chunk_size=64 * KiB, stripe=2, table_id=2))
+            assert (d.layout.table_id, d.layout.chunk_size, d.layout.stripe) == (2, 64 * KiB, 2)
+            after = await create(store, "/d/after")
+            assert (after.layout.table_id, after.layout.table_version) == (2, 3)
+            assert (after.layout.chunk_size, after.layout.stripe) == (64 * KiB, 2)
+            assert 1 <= after.layout.base_index <= 6
+            assert (await store.stat("/d/before")).layout == before.layout  # unchanged
+            sub = await store.mkdir("/d/sub")  # inherited by subdirectories too
+            assert sub.layout.table_id == 2
+            assert await errno_of(store.setattr("/d/after", Changes(stripe=1))) == errno.EINVAL
+            assert await errno_of(store.setattr("/d", Changes(stripe=7))) == errno.EINVAL  # > 6 chains
+            assert await errno_of(store.setattr("/d", Changes(table_id=9))) == errno.EIO  # no such table
+            user = Caller(UserCred(1000, 1000))
+            assert await errno_of(store.setattr("/d", Changes(stripe=1), caller=user)) == errno.EPERM
 
     run(main())

@@ -21,9 +21,12 @@ def code_of(fn, *args):
 
 
 def test_parse_splits_like_linux():
-    assert parse_path("/") == ("/", (), "", Last.ROOT, False)
-    assert parse_path("//a//b/") == ("//a//b/", ("a",), "b", Last.NAME, True)
-    assert parse_path("/a/./b/.") == ("/a/./b/.", ("a", "b"), ".", Last.DOT, False)
+    assert parse_path("/") == ("/", (), "", Last.ROOT, False, 0)
+    assert parse_path("//a//b/") == ("//a//b/", ("a",), "b", Last.NAME, True, 0)
+    assert parse_path("/a/./b/.") == ("/a/./b/.", ("a", "b"), ".", Last.DOT, False, 0)
+    assert parse_path("/a", 7).start == 0  # absolute paths ignore the parent, as openat(2)
+    assert parse_path("b/c", 7) == ("b/c", ("b",), "c", Last.NAME, False, 7)
+    assert parse_path("", 7) == ("", (), "", Last.SELF, False, 7)  # the inode itself
     assert parse_path("/a/../b/..").parent == ("a", "..", "b")
     assert parse_path("/a/../b/..").kind is Last.DOTDOT
 
@@ -115,7 +118,7 @@ def test_symlink_resolution(meta):
             assert await errno_of(store.open("/abs", os.O_RDONLY | os.O_NOFOLLOW)) == errno.ELOOP
             exclusive = os.O_CREAT | os.O_EXCL | os.O_WRONLY
             assert await errno_of(store.open("/dangling", exclusive)) == errno.EEXIST
-            rsp, _ = await store.open("/dangling", os.O_CREAT | os.O_WRONLY)  # creates the target, as Linux
+            rsp = await store.open("/dangling", os.O_CREAT | os.O_WRONLY)  # creates the target, as Linux
             assert (await store.stat("/a/new")).inode == rsp.attr.inode
             await store.mkdir("/abs/c/d", parents=True)  # mkdir -p walks through the link
             assert (await store.stat("/a/b/c/d")).type == DIRECTORY

@@ -110,6 +110,55 @@ CASES = [
     ("rename", "e", "d/..", errno.EBUSY),
     ("rename", "d/f", "d/f/x", errno.ENOTDIR),
     ("rename", "d/sub", "d/sub/g/x", errno.ENOTDIR),
+    ("rename", "d/ln", "d/ln2", 0),
+    ("rename", "d/ln", "d/sub", errno.EISDIR),
+    # symlinks: d/ln -> f
+    ("stat", "d/ln", 0),
+    ("lstat", "d/ln", 0),
+    ("lstat", "d/ln/", errno.ENOTDIR),
+    ("open", "d/ln", RD, 0),
+    ("open", "d/ln", RD | os.O_NOFOLLOW, errno.ELOOP),
+    ("mkdir", "d/ln", errno.EEXIST),
+    ("unlink", "d/ln", 0),
+    ("symlink", "f", "d/l2", 0),
+    ("symlink", "/anything/at/all", "d/l2", 0),
+    ("symlink", "x", "d/f", errno.EEXIST),
+    ("symlink", "x", "d/sub", errno.EEXIST),
+    ("symlink", "x", "d/ln", errno.EEXIST),
+    ("symlink", "x", "missing/l", errno.ENOENT),
+    ("symlink", "x", "d/f/l", errno.ENOTDIR),
+    ("symlink", "", "d/l2", errno.ENOENT),
+    ("symlink", "x", "d/new/", errno.ENOENT),
+    ("symlink", "x", "d/.", errno.EEXIST),
+    ("symlink", "x", f"d/{LONG}", errno.ENAMETOOLONG),
+    ("readlink", "d/ln", 0),
+    ("readlink", "d/f", errno.EINVAL),
+    ("readlink", "d/sub", errno.EINVAL),
+    ("readlink", "missing", errno.ENOENT),
+    ("readlink", "d/f/x", errno.ENOTDIR),
+    # hard links
+    ("link", "d/f", "d/h", 0),
+    ("link", "d/f", "e/h", 0),
+    ("link", "d/ln", "d/h", 0),
+    ("link", "d/sub", "d/h", errno.EPERM),
+    ("link", "d/f", "d/sub", errno.EEXIST),
+    ("link", "d/f", "d/ln", errno.EEXIST),
+    ("link", "missing", "d/h", errno.ENOENT),
+    ("link", "d/f", "missing/h", errno.ENOENT),
+    ("link", "d/f/", "d/h", errno.ENOTDIR),
+    ("link", "d/f", "d/h/", errno.ENOENT),
+    ("link", "d/f", "d/.", errno.EEXIST),
+    # attributes
+    ("chmod", "d/f", 0o600, 0),
+    ("chmod", "d/sub", 0o700, 0),
+    ("chmod", "d/ln", 0o600, 0),
+    ("chmod", "missing", 0o600, errno.ENOENT),
+    ("chown", "d/f", 1000, 1000, 0),
+    ("chown", "d/sub", 1000, -1, 0),
+    ("chown", "missing", 1000, 1000, errno.ENOENT),
+    ("utime", "d/f", 0),
+    ("utime", "d/sub/", 0),
+    ("utime", "missing", errno.ENOENT),
 ]
 
 
@@ -119,68 +168,101 @@ def build_local(root: str) -> None:
     with open(f"{root}/d/f", "wb") as f:
         f.write(b"hello")
     open(f"{root}/d/sub/g", "wb").close()
+    os.symlink("f", f"{root}/d/ln")
 
 
 async def build_meta(store, root: str) -> None:
     await store.mkdir(f"{root}/d/sub", parents=True)
     await store.mkdir(f"{root}/e")
-    rsp, _ = await store.open(f"{root}/d/f", os.O_CREAT | os.O_WRONLY)
+    rsp = await store.open(f"{root}/d/f", os.O_CREAT | os.O_WRONLY)
     await store.close(rsp.attr.inode, rsp.session, 5)
     await store.open(f"{root}/d/sub/g", os.O_CREAT | os.O_WRONLY)
+    await store.symlink(f"{root}/d/ln", "f")
 
 
 def join(root: str, rel: str) -> str:
     return f"{root}/{rel}"
 
 
+def local_call(op: str, root: str, args: tuple) -> None:
+    """The operation on the local file system (os.*)."""
+    path = join(root, args[0])
+    if op == "stat":
+        os.stat(path)
+    elif op == "lstat":
+        os.lstat(path)
+    elif op == "mkdir":
+        os.mkdir(path)
+    elif op == "makedirs":
+        os.makedirs(path, exist_ok=True)
+    elif op == "open":
+        os.close(os.open(path, args[1], 0o644))
+    elif op == "unlink":
+        os.unlink(path)
+    elif op == "rmdir":
+        os.rmdir(path)
+    elif op == "truncate":
+        os.truncate(path, args[1])
+    elif op == "listdir":
+        os.listdir(path)
+    elif op == "rename":
+        os.rename(path, join(root, args[1]))
+    elif op == "symlink":  # (target, new link)
+        os.symlink(args[0], join(root, args[1]))
+    elif op == "readlink":
+        os.readlink(path)
+    elif op == "link":
+        os.link(path, join(root, args[1]), follow_symlinks=False)
+    elif op == "chmod":
+        os.chmod(path, args[1])
+    elif op == "chown":
+        os.chown(path, args[1], args[2])
+    elif op == "utime":
+        os.utime(path, None)
+    elif op == "utime_at":
+        os.utime(path, ns=(args[1], args[1]))
+    else:
+        raise AssertionError(op)
+
+
 def local_errno(op: str, root: str, args: tuple) -> int:
     try:
-        if op == "stat":
-            os.stat(join(root, args[0]))
-        elif op == "mkdir":
-            os.mkdir(join(root, args[0]))
-        elif op == "makedirs":
-            os.makedirs(join(root, args[0]), exist_ok=True)
-        elif op == "open":
-            os.close(os.open(join(root, args[0]), args[1], 0o644))
-        elif op == "unlink":
-            os.unlink(join(root, args[0]))
-        elif op == "rmdir":
-            os.rmdir(join(root, args[0]))
-        elif op == "truncate":
-            os.truncate(join(root, args[0]), args[1])
-        elif op == "listdir":
-            os.listdir(join(root, args[0]))
-        elif op == "rename":
-            os.rename(join(root, args[0]), join(root, args[1]))
-        else:
-            raise AssertionError(op)
+        local_call(op, root, args)
     except OSError as exc:
         return exc.errno
     return 0
 
 
-def meta_call(store, op: str, root: str, args: tuple):
+def meta_call(store, op: str, root: str, args: tuple, caller=None):
+    """The same operation on MetaStore, as `caller` (default: root)."""
+    from threefs.meta.ops_attr import Changes
+    from threefs.meta.store import Caller
+    from threefs.rpc.schemas.meta import UTIME_NOW
+
+    caller = caller or Caller()
+    user = caller.user
     path = join(root, args[0])
-    if op == "stat":
-        return store.stat(path)
-    if op == "mkdir":
-        return store.mkdir(path)
-    if op == "makedirs":
-        return store.mkdir(path, parents=True)
-    if op == "open":
-        return store.open(path, args[1], 0o644)
-    if op == "unlink":
-        return store.unlink(path)
-    if op == "rmdir":
-        return store.rmdir(path)
-    if op == "truncate":
-        return store.truncate(path, args[1])
-    if op == "listdir":
-        return store.readdir(path)
-    if op == "rename":
-        return store.rename(path, join(root, args[1]))
-    raise AssertionError(op)
+    simple = {
+        "stat": lambda: store.stat(path, user=user),
+        "lstat": lambda: store.stat(path, follow=False, user=user),
+        "mkdir": lambda: store.mkdir(path, caller=caller),
+        "makedirs": lambda: store.mkdir(path, parents=True, caller=caller),
+        "open": lambda: store.open(path, args[1], 0o644, caller=caller),
+        "unlink": lambda: store.unlink(path, caller=caller),
+        "rmdir": lambda: store.rmdir(path, caller=caller),
+        "truncate": lambda: store.truncate(path, args[1], user=user),
+        "listdir": lambda: store.readdir(path, user=user),
+        "rename": lambda: store.rename(path, join(root, args[1]), caller=caller),
+        "symlink": lambda: store.symlink(join(root, args[1]), args[0], caller=caller),
+        "readlink": lambda: store.readlink(path, user=user),
+        "link": lambda: store.link(path, join(root, args[1]), caller=caller),
+        "chmod": lambda: store.setattr(path, Changes(mode=args[1]), caller=caller),
+        "chown": lambda: store.setattr(path, Changes(uid=None if args[1] == -1 else args[1],
+                                                     gid=None if args[2] == -1 else args[2]), caller=caller),
+        "utime": lambda: store.setattr(path, Changes(atime_ns=UTIME_NOW, mtime_ns=UTIME_NOW), caller=caller),
+        "utime_at": lambda: store.setattr(path, Changes(atime_ns=args[1], mtime_ns=args[1]), caller=caller),
+    }
+    return simple[op]()
 
 
 def test_errnos_match_linux(meta, tmp_path):
@@ -209,7 +291,8 @@ def test_tree_after_linux_ops_matches(meta, tmp_path):
         for dirpath, dirnames, filenames in os.walk(root):
             rel = os.path.relpath(dirpath, root)
             out += [(os.path.normpath(f"{rel}/{n}"), "d") for n in dirnames]
-            out += [(os.path.normpath(f"{rel}/{n}"), "f") for n in filenames]
+            out += [(os.path.normpath(f"{rel}/{n}"), "l" if os.path.islink(f"{dirpath}/{n}") else "f")
+                    for n in filenames]
         return sorted(out)
 
     async def meta_tree(store, root, rel="."):
@@ -218,7 +301,7 @@ def test_tree_after_linux_ops_matches(meta, tmp_path):
         assert not more
         for e in entries:
             name = os.path.normpath(f"{rel}/{e.name}")
-            out.append((name, "d" if e.type == 2 else "f"))
+            out.append((name, {2: "d", 3: "l"}.get(e.type, "f")))
             if e.type == 2:
                 out += await meta_tree(store, root, name)
         return sorted(out)

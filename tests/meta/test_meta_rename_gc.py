@@ -7,12 +7,13 @@ from meta_helpers import errno_of, run
 
 from threefs.meta import schema
 from threefs.meta.schema import DIRECTORY
+from threefs.meta.store import Caller
 
 WRITE_NEW = os.O_CREAT | os.O_WRONLY
 
 
 async def create(store, path, length=-1):
-    rsp, _ = await store.open(path, WRITE_NEW)
+    rsp = await store.open(path, WRITE_NEW)
     return await store.close(rsp.attr.inode, rsp.session, length)
 
 
@@ -113,10 +114,10 @@ def test_unlink_queues_gc_and_gc_done_forgets(meta):
             assert (entry.inode, entry.length, entry.layout) == (f.inode, 12345, f.layout)
             kept = await raw_inode(store, f.inode)
             assert kept is not None and kept.nlink == 0  # kept until the chunks are gone
-            await store.gc_done(f.inode)
+            await store.gc_done(entry)
             assert await raw_inode(store, f.inode) is None
             assert await store.gc_pending() == []
-            await store.gc_done(f.inode)  # idempotent
+            await store.gc_done(entry)  # idempotent
 
     run(main())
 
@@ -133,12 +134,12 @@ def test_rename_replace_queues_old_file(meta):
     run(main())
 
 
-def test_o_trunc_is_a_job_not_gc(meta):
+def test_o_trunc_is_not_gc(meta):
     async def main():
         async with meta.store() as store:
             await create(store, "/f", 100)
-            _, job = await store.open("/f", os.O_WRONLY | os.O_TRUNC)
-            assert job is not None and job.old_length == 100
+            rsp = await store.open("/f", os.O_WRONLY | os.O_TRUNC)
+            assert rsp.truncated and rsp.attr.length == 0
             assert await store.gc_pending() == []
 
     run(main())
@@ -147,7 +148,7 @@ def test_o_trunc_is_a_job_not_gc(meta):
 def test_gc_waits_for_write_sessions(meta):
     async def main():
         async with meta.store() as store:
-            rsp, _ = await store.open("/f", WRITE_NEW, client_id="w")
+            rsp = await store.open("/f", WRITE_NEW, caller=Caller(client_id="w"))
             done = await create(store, "/g", 1)
             await store.unlink("/f")
             await store.unlink("/g")
@@ -186,7 +187,7 @@ def test_many_gc_entries_in_pages(meta):
             while batch := await store.gc_pending(limit=128):
                 got += [e.inode for e in batch]
                 for e in batch:
-                    await store.gc_done(e.inode)
+                    await store.gc_done(e)
             assert got == sorted(inodes)
 
     run(main())

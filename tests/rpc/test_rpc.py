@@ -215,3 +215,40 @@ def test_frame_reader_handles_any_fragmentation():
         pos += n
         reader.buffer_updated(n)
     assert got == frames
+
+
+class Big:
+    """A handler that asks for a transmission token before sending its payload (request-to-send)."""
+
+    def __init__(self):
+        self.sending = 0
+        self.sending_max = 0
+
+    @rpc(EchoReq)
+    async def fetch(self, ctx: CallContext, req: EchoReq):
+        await ctx.request_to_send(ctx.rid, 5.0)
+        self.sending += 1
+        self.sending_max = max(self.sending_max, self.sending)
+        await asyncio.sleep(0.01)  # the "transmission"
+        self.sending -= 1
+        return EchoRsp(req.text, 0), b"x" * 100_000
+
+
+def test_request_to_send_caps_concurrent_senders():
+    async def main():
+        big = Big()
+        server = RpcServer("big", token_authenticator(TOKEN))
+        server.add_service("big", big)
+        addr = f"127.0.0.1:{await server.start('127.0.0.1', 0)}"
+        client = RpcClient(TOKEN, senders_max=2)
+        try:
+            outs = await asyncio.gather(*(client.call(addr, "big.fetch", EchoReq(str(i)), EchoRsp)
+                                          for i in range(20)))
+            assert all(bytes(p) == b"x" * 100_000 for _, p in outs)
+            assert big.sending_max <= 2
+            assert client.senders._value == 2  # every token came back
+        finally:
+            await client.close()
+            await server.stop()
+
+    asyncio.run(main())

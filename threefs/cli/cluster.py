@@ -27,6 +27,7 @@ from threefs.common.ids import target_id
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 
 READY_TIMEOUT_S = 60.0
+TARGETS_PER_STORAGE_MAX = 64
 STOP_TIMEOUT_S = 10.0
 
 
@@ -34,12 +35,23 @@ class ClusterSpec(msgspec.Struct, kw_only=True):
     storage: int = 3
     replicas: int = 3
     targets_per_storage: int = 4
-    meta: int = 1
-    mgmtd_port: int = 0
+    meta: int = 2  # stateless; clients spread calls over them and fail over
+    mgmtd: int = 2  # one primary (by lease in the shared KV) and standbys
+    mgmtd_port: int = 0  # the first mgmtd's (clusters made before HA have only this one)
+    mgmtd_ports: list[int] = []
     meta_ports: list[int] = []
     storage_ports: list[int] = []
+    metrics_ports: dict[str, int] = {}  # service name -> Prometheus port
+    storage_targets: dict[str, int] = {}  # service name -> targets, where not targets_per_storage
     heartbeat_timeout_s: float = 5.0
+    mgmtd_lease_s: float = 1.5
+    meta_gc_delay_s: float = 60.0  # unlinked files' chunks are removed this long after the unlink
+    client_session_timeout_s: float = 120.0  # write sessions of clients silent this long are pruned
     host: str = "127.0.0.1"
+    kv: str = ""  # KV URL of mgmtd + meta (e.g. etcd://h:p,h:p/name); "" = the SQLite file DIR/kv/meta.db
+
+    def mgmtd_addrs(self) -> list[str]:
+        return [f"{self.host}:{p}" for p in (self.mgmtd_ports or [self.mgmtd_port])]
 
 
 def _free_port(host: str) -> int:
@@ -62,6 +74,9 @@ class LocalCluster:
         path = self.dir / "cluster.toml"
         if path.exists():
             spec = load_toml(path, ClusterSpec)
+            if extra.get("kv") and extra["kv"] != spec.kv:
+                raise status_error(StatusCode.INVALID_ARGUMENT, f"cluster in {self.dir} was created with KV "
+                                   f"{spec.kv or 'sqlite (default)'!r}; it cannot move to {extra['kv']!r}")
             if storage is not None and storage != spec.storage or replicas is not None and replicas != spec.replicas:
                 raise status_error(StatusCode.INVALID_ARGUMENT,
                                    f"cluster in {self.dir} was created with --storage {spec.storage} "
@@ -71,9 +86,14 @@ class LocalCluster:
         if spec.replicas > spec.storage:
             raise status_error(StatusCode.INVALID_ARGUMENT, f"--replicas {spec.replicas} needs at least as "
                                f"many storage services (--storage {spec.storage})")
-        spec.mgmtd_port = _free_port(spec.host)
+        spec.mgmtd_ports = [_free_port(spec.host) for _ in range(spec.mgmtd)]
+        spec.mgmtd_port = spec.mgmtd_ports[0]
         spec.meta_ports = [_free_port(spec.host) for _ in range(spec.meta)]
         spec.storage_ports = [_free_port(spec.host) for _ in range(spec.storage)]
+        names = ([f"mgmtd-{i}" for i in range(1, spec.mgmtd + 1)]
+                 + [f"meta-{i}" for i in range(1, spec.meta + 1)]
+                 + [f"storage-{i}" for i in range(1, spec.storage + 1)])
+        spec.metrics_ports = {name: _free_port(spec.host) for name in names}
         for sub in ("conf", "run", "log", "data", "kv"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         save_toml(path, spec)
@@ -89,23 +109,65 @@ class LocalCluster:
         return path.read_text().strip()
 
     def service_configs(self, spec: ClusterSpec) -> list[ServiceConfig]:
-        mgmtd_addr = f"{spec.host}:{spec.mgmtd_port}"
-        common = dict(listen_host=spec.host, mgmtd=[mgmtd_addr], token_file=str(self.dir / "token"),
-                      heartbeat_timeout_s=spec.heartbeat_timeout_s)
-        kv = f"sqlite://{self.dir / 'kv' / 'meta.db'}"
-        configs = [ServiceConfig(type="mgmtd", name="mgmtd-1", node_id=1, port=spec.mgmtd_port, kv=kv,
-                                 **common)]
+        common = dict(listen_host=spec.host, mgmtd=spec.mgmtd_addrs(), token_file=str(self.dir / "token"),
+                      heartbeat_timeout_s=spec.heartbeat_timeout_s, mgmtd_lease_s=spec.mgmtd_lease_s)
+        kv = spec.kv or f"sqlite://{self.dir / 'kv' / 'meta.db'}"
+        configs = [ServiceConfig(type="mgmtd", name=f"mgmtd-{i}", node_id=i, port=port, kv=kv, **common)
+                   for i, port in enumerate(spec.mgmtd_ports or [spec.mgmtd_port], 1)]
         for i, port in enumerate(spec.meta_ports, 1):
             configs.append(ServiceConfig(type="meta", name=f"meta-{i}", node_id=50 + i, port=port, kv=kv,
-                                         **common))
+                                         meta_gc_delay_s=spec.meta_gc_delay_s,
+                                         client_session_timeout_s=spec.client_session_timeout_s, **common))
         for i, port in enumerate(spec.storage_ports, 1):
             node = 100 + i
+            slots = spec.storage_targets.get(f"storage-{i}", spec.targets_per_storage)
             targets = [TargetConfig(target_id(node, slot), str(self.dir / "data" / f"storage-{i}" /
                                                              f"target-{target_id(node, slot)}"))
-                       for slot in range(1, spec.targets_per_storage + 1)]
+                       for slot in range(1, slots + 1)]
             configs.append(ServiceConfig(type="storage", name=f"storage-{i}", node_id=node, port=port,
                                          targets=targets, failure_domain=f"storage-{i}", **common))
+        for c in configs:
+            c.metrics_port = spec.metrics_ports.get(c.name, 0)
         return configs
+
+    def config_of(self, name: str) -> ServiceConfig:
+        """The config `up` gives service `name` (tests start variants of it with `start_service`)."""
+        for c in self.service_configs(self.existing_spec()):
+            if c.name == name:
+                return c
+        raise status_error(StatusCode.NOT_FOUND, f"no service {name} in the cluster in {self.dir}")
+
+    def existing_spec(self) -> ClusterSpec:
+        if not (self.dir / "cluster.toml").exists():
+            raise status_error(StatusCode.NOT_FOUND, f"no cluster in {self.dir} (start one with `threefs up`)")
+        return self._spec(None, None)
+
+    def metrics_url(self, name: str) -> str:
+        spec = self.existing_spec()
+        port = spec.metrics_ports.get(name)
+        if not port:
+            raise status_error(StatusCode.NOT_FOUND, f"{name} has no metrics port in {self.dir}")
+        return f"http://{spec.host}:{port}/metrics"
+
+    def add_storage(self, targets: int | None = None) -> str:
+        """Start one more storage service (a new node with its own failure domain) in this cluster.
+
+        Its targets join no chain until a chain table uses them (`threefs admin create-chain-table`).
+        Returns the new service's name once mgmtd lists it.
+        """
+        spec = self.existing_spec()
+        if targets is not None and not 1 <= targets <= TARGETS_PER_STORAGE_MAX:
+            raise status_error(StatusCode.INVALID_ARGUMENT,
+                               f"targets per storage service must be in 1..{TARGETS_PER_STORAGE_MAX}")
+        spec.storage += 1
+        spec.storage_ports.append(_free_port(spec.host))
+        name = f"storage-{spec.storage}"
+        if targets is not None:
+            spec.storage_targets[name] = targets
+        spec.metrics_ports[name] = _free_port(spec.host)
+        save_toml(self.dir / "cluster.toml", spec)
+        self.up()
+        return name
 
     # -- processes -------------------------------------------------------------------------------
     def pid_of(self, name: str) -> int | None:
@@ -147,7 +209,7 @@ class LocalCluster:
             if self.pid_of(config.name) is None:
                 self.start_service(config)
                 started.append(config.name)
-        client = ClientConfig(mgmtd=[f"{spec.host}:{spec.mgmtd_port}"], token=token, cluster_dir=str(self.dir))
+        client = ClientConfig(mgmtd=spec.mgmtd_addrs(), token=token, cluster_dir=str(self.dir))
         try:
             asyncio.run(self._wait_ready(spec, client))
         except ThreeFSError as e:
@@ -174,8 +236,11 @@ class LocalCluster:
                         await aio.mgmtd.call("create_chain_table", ms.CreateChainTableReq(1, spec.replicas),
                                              ms.CreateChainTableRsp)
                         continue
-                    if len(routing.nodes_of_type(ms.META)) < spec.meta:
+                    metas = routing.nodes_of_type(ms.META)
+                    if len(metas) < spec.meta:
                         raise status_error(StatusCode.UNAVAILABLE, "meta services not registered yet")
+                    if any(n.hb_version == 0 for n in metas):  # heartbeats start once a meta is fully up
+                        raise status_error(StatusCode.UNAVAILABLE, "meta services still starting")
                     await aio.stat("/")
                     return
                 except ThreeFSError as e:

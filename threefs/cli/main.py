@@ -7,19 +7,14 @@ Errors print one line (`threefs: [NOT_FOUND] ...`) and exit non-zero: 2 for usag
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
-import stat as stat_mod
 import sys
 import time
-from pathlib import Path
 
-import msgspec
-
+from threefs.cli.files import (add_file_commands, add_mount_flags, mount_args, mount_for_cluster,
+                               unmount_for_cluster)
 from threefs.common.status import StatusCode, ThreeFSError
-
-TYPE_NAMES = {1: "file", 2: "dir", 3: "symlink"}
 
 
 def _client(args):
@@ -31,13 +26,14 @@ def _client(args):
 def cmd_up(args) -> int:
     from threefs.cli.cluster import LocalCluster
 
+    if args.spec:
+        return _up_spec(args)
     cluster = LocalCluster(args.dir)
-    cfg = cluster.up(args.storage, args.replicas)
+    cfg = cluster.up(args.storage, args.replicas, **({"kv": args.kv} if args.kv else {}))
     print(f"threefs cluster in {cluster.dir} is serving: "
           f"{len(cluster.running())} processes, client config {cluster.client_config_path}")
     if not args.no_mount:
-        print("FUSE mount: not part of this release yet (see docs/architecture.md); use the "
-              "`threefs` CLI or the Python client (threefs.connect()).")
+        print(mount_for_cluster(cluster, args.mount, mount_args(args)))
     if args.detach:
         return 0
     print("Press Ctrl-C to stop the cluster.")
@@ -46,113 +42,56 @@ def cmd_up(args) -> int:
         signal.signal(sig, lambda *_: stop.append(1))
     while not stop:
         time.sleep(0.2)
+    unmount_for_cluster(cluster)
     print(f"stopped: {', '.join(cluster.down())}")
     del cfg
+    return 0
+
+
+def _up_spec(args) -> int:
+    """`up --spec FILE`: this host's share of a cluster over several hosts (threefs/cli/multihost.py)."""
+    from threefs.cli import multihost
+
+    spec = multihost.load_spec(args.spec)
+    host = args.host or multihost.local_host(spec)
+    started = multihost.up_host(spec, host)
+    print(f"host {host}: started {', '.join(started) or 'nothing (all running)'}")
+    if args.wait:
+        import asyncio
+
+        from threefs.common.config import ClientConfig, load_toml
+
+        client = load_toml(spec.data_dir_of(host) / "client.toml", ClientConfig)
+        asyncio.run(multihost.wait_ready(spec, client))
+        print(f"cluster is serving; client config {spec.data_dir_of(host) / 'client.toml'}")
     return 0
 
 
 def cmd_down(args) -> int:
     from threefs.cli.cluster import LocalCluster
 
-    stopped = LocalCluster(args.dir).down()
+    if args.spec:
+        from threefs.cli import multihost
+
+        spec = multihost.load_spec(args.spec)
+        stopped = multihost.down_host(spec, args.host or multihost.local_host(spec))
+        print(f"stopped {len(stopped)} processes" + (f": {', '.join(stopped)}" if stopped else ""))
+        return 0
+    cluster = LocalCluster(args.dir)
+    unmounted = unmount_for_cluster(cluster)
+    if unmounted:
+        print(f"unmounted {unmounted}")
+    stopped = cluster.down()
     print(f"stopped {len(stopped)} processes" + (f": {', '.join(stopped)}" if stopped else ""))
     return 0
 
 
-def _fmt_time(ns: int) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ns / 1e9))
-
-
-def cmd_ls(args) -> int:
-    with _client(args) as fs:
-        attr = fs.stat(args.path)
-        if attr.type != 2:
-            entries = [(Path(args.path).name, attr)]
-        else:
-            entries = [(e.name, fs.stat(f"{args.path.rstrip('/')}/{e.name}") if args.long else None)
-                       for e in fs.scandir(args.path)]
-        for name, a in entries:
-            if args.long and a is not None:
-                kind = "d" if a.type == 2 else "-"
-                print(f"{kind}{stat_mod.filemode(a.mode)[1:]} {a.nlink:>3} {a.uid:>5} {a.gid:>5} "
-                      f"{a.length:>12} {_fmt_time(a.mtime_ns)} {name}")
-            else:
-                print(name)
-    return 0
-
-
-def cmd_stat(args) -> int:
-    with _client(args) as fs:
-        a = fs.stat(args.path)
-        print(json.dumps({"path": args.path, "type": TYPE_NAMES.get(a.type, a.type),
-                          **msgspec.to_builtins(a)}, indent=2))
-    return 0
-
-
-def cmd_mkdir(args) -> int:
-    with _client(args) as fs:
-        for p in args.paths:
-            fs.mkdir(p, parents=args.parents, exist_ok=args.parents)
-    return 0
-
-
-def cmd_put(args) -> int:
-    with _client(args) as fs:
-        n = fs.put(args.local, args.remote)
-    print(f"{args.local} -> {args.remote}: {n} bytes")
-    return 0
-
-
-def cmd_get(args) -> int:
-    with _client(args) as fs:
-        n = fs.get(args.remote, args.local)
-    print(f"{args.remote} -> {args.local}: {n} bytes")
-    return 0
-
-
-def cmd_cat(args) -> int:
-    out = sys.stdout.buffer
-    with _client(args) as fs:
-        for p in args.paths:
-            with fs.open(p, "rb") as f:
-                while chunk := f.read(4 << 20):
-                    out.write(chunk)
-    out.flush()
-    return 0
-
-
-def _rm_tree(fs, path: str) -> None:
-    for entry in fs.scandir(path):
-        child = f"{path.rstrip('/')}/{entry.name}"
-        if entry.type == 2:
-            _rm_tree(fs, child)
-        else:
-            fs.remove(child)
-    fs.rmdir(path)
-
-
-def cmd_rm(args) -> int:
-    with _client(args) as fs:
-        for p in args.paths:
-            if fs.stat(p).type == 2:
-                if not args.recursive:
-                    raise ThreeFSError(StatusCode.IS_DIRECTORY, f"{p} is a directory (use rm -r)")
-                _rm_tree(fs, p)
-            else:
-                fs.remove(p)
-    return 0
-
-
-def cmd_mv(args) -> int:
-    with _client(args) as fs:
-        fs.rename(args.src, args.dst)
-    return 0
-
-
 def cmd_status(args) -> int:
-    from threefs.cli.status import render_status
+    from threefs.cli.status import render_status, watch_status
 
     with _client(args) as fs:
+        if args.watch is not None:
+            return watch_status(fs, args.watch, as_json=args.json)
         return render_status(fs, as_json=args.json)
 
 
@@ -166,45 +105,31 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--storage", type=int, default=None, help="storage services (default 3)")
     up.add_argument("--replicas", type=int, default=None, help="replication factor R (default 3)")
     up.add_argument("--detach", action="store_true", help="return once the cluster serves")
+    up.add_argument("--kv", default=None, metavar="URL",
+                    help="metadata KV: etcd://host:port[,host:port...][/prefix] (default: SQLite in --dir)")
+    up.add_argument("--spec", default=None, metavar="HOSTS.toml",
+                    help="start this host's services of a cluster over several hosts (docs/operations.md)")
+    up.add_argument("--host", default=None, help="with --spec: which host this is (default: by address)")
+    up.add_argument("--wait", action="store_true", help="with --spec: wait until the whole cluster serves")
     up.add_argument("--no-mount", action="store_true", help="do not mount FUSE")
+    up.add_argument("--mount", default="mnt", help="FUSE mount point (default ./mnt)")
+    add_mount_flags(up)
     up.set_defaults(fn=cmd_up)
     down = sub.add_parser("down", help="stop every process of a local cluster")
     down.add_argument("--dir", default=".threefs")
+    down.add_argument("--spec", default=None, metavar="HOSTS.toml", help="stop this host's share of --spec")
+    down.add_argument("--host", default=None, help="with --spec: which host this is (default: by address)")
     down.set_defaults(fn=cmd_down)
 
-    ls = sub.add_parser("ls", help="list a directory")
-    ls.add_argument("-l", dest="long", action="store_true")
-    ls.add_argument("path", nargs="?", default="/")
-    ls.set_defaults(fn=cmd_ls)
-    st = sub.add_parser("stat", help="show a file's attributes")
-    st.add_argument("path")
-    st.set_defaults(fn=cmd_stat)
-    mk = sub.add_parser("mkdir", help="create directories")
-    mk.add_argument("-p", dest="parents", action="store_true")
-    mk.add_argument("paths", nargs="+")
-    mk.set_defaults(fn=cmd_mkdir)
-    put = sub.add_parser("put", help="copy a local file into threefs")
-    put.add_argument("local")
-    put.add_argument("remote")
-    put.set_defaults(fn=cmd_put)
-    get = sub.add_parser("get", help="copy a threefs file to local disk")
-    get.add_argument("remote")
-    get.add_argument("local")
-    get.set_defaults(fn=cmd_get)
-    cat = sub.add_parser("cat", help="print files")
-    cat.add_argument("paths", nargs="+")
-    cat.set_defaults(fn=cmd_cat)
-    rm = sub.add_parser("rm", help="remove files (-r: directories)")
-    rm.add_argument("-r", dest="recursive", action="store_true")
-    rm.add_argument("paths", nargs="+")
-    rm.set_defaults(fn=cmd_rm)
-    mv = sub.add_parser("mv", help="rename")
-    mv.add_argument("src")
-    mv.add_argument("dst")
-    mv.set_defaults(fn=cmd_mv)
+    add_file_commands(sub)
     status = sub.add_parser("status", help="nodes, targets and chains of the cluster")
     status.add_argument("--json", action="store_true")
+    status.add_argument("--watch", type=float, nargs="?", const=2.0, default=None, metavar="SECONDS",
+                        help="refresh every SECONDS (default 2) until Ctrl-C")
     status.set_defaults(fn=cmd_status)
+    from threefs.cli.admin import add_admin_parser
+
+    add_admin_parser(sub)
     return p
 
 

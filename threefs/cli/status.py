@@ -1,48 +1,190 @@
-"""`threefs status`: nodes, targets and chains, and in plain words what is wrong."""
+"""`threefs status [--json] [--watch [SECONDS]]`: the cluster as mgmtd sees it, and in plain words what
+is wrong and what is recovering.
+
+The primary mgmtd's `status` call gives routing (nodes, targets with public and local state, chains),
+heartbeat ages and the resyncs storage services report; each configured mgmtd is also asked who it is, so
+a dead or partitioned standby shows too. `problems()` and `recovering()` are pure functions of that.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
+import time
 
 import msgspec
 
+from threefs.common.status import ThreeFSError
 from threefs.rpc.schemas import mgmtd as ms
+from threefs.rpc.schemas.common import Empty
+
+WATCH_INTERVAL_S_MIN = 0.2
+MGMTD_PROBE_TIMEOUT_S = 1.0
 
 
-def problems(routing: ms.RoutingInfo) -> list[str]:
-    out = []
-    for node in routing.nodes.values():
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _age(st: ms.MgmtdStatusRsp, node_id: int) -> str:
+    age = st.heartbeat_age_s.get(node_id)
+    return "never (since this primary started)" if age is None else f"{age:.1f} s ago"
+
+
+def _percent(p: ms.SyncProgress) -> str:
+    if p.chunks_total == 0:
+        return "comparing chunk lists"
+    return f"{p.chunks_done} of {p.chunks_total} chunks ({100 * p.chunks_done // p.chunks_total}%)"
+
+
+def problems(st: ms.MgmtdStatusRsp, unreachable: list[str] = ()) -> list[str]:
+    """What is wrong, each as one sentence an operator can act on."""
+    r = st.routing
+    out = [f"mgmtd at {addr} does not answer ({why})" for addr, why in unreachable]
+    for node in sorted(r.nodes.values(), key=lambda n: n.node_id):
         if not node.alive:
-            out.append(f"{node.type} node {node.node_id} at {node.addr} stopped sending heartbeats")
-    for chain in routing.chains.values():
-        states = [t.public_state for t in chain.targets]
-        if ms.SERVING not in states:
-            out.append(f"chain {chain.chain_id} has no SERVING target: reads and writes to it wait")
-        elif states.count(ms.SERVING) < len(states):
-            bad = ", ".join(f"target {t.target_id} {t.public_state}" for t in chain.targets
-                            if t.public_state != ms.SERVING)
-            out.append(f"chain {chain.chain_id} is degraded ({bad})")
+            n_targets = sum(t.node_id == node.node_id for t in r.targets.values())
+            what = f": its {n_targets} targets are OFFLINE" if n_targets else ""
+            out.append(f"{node.type} node {node.node_id} at {node.addr} stopped sending heartbeats "
+                       f"(last {_age(st, node.node_id)}, timeout {st.heartbeat_timeout_s:.0f} s){what}; "
+                       f"restart it (`threefs up` restarts missing local services)")
+    for t in sorted(r.targets.values(), key=lambda t: t.target_id):
+        if t.admin_offline:
+            out.append(f"target {t.target_id} was taken offline by an admin "
+                       f"(`threefs admin online-target {t.target_id}` returns it)")
+    for chain in sorted(r.chains.values(), key=lambda c: c.chain_id):
+        out.extend(_chain_problems(chain))
     return out
 
 
+def _chain_problems(chain: ms.ChainInfo) -> list[str]:
+    states = [t.public_state for t in chain.targets]
+    desc = ", ".join(f"{t.target_id} {t.public_state}" for t in chain.targets)
+    if ms.SERVING in states:
+        if states.count(ms.SERVING) == len(states):
+            return []
+        return [f"chain {chain.chain_id} is degraded: {states.count(ms.SERVING)} of {len(states)} "
+                f"targets SERVING ({desc})"]
+    if ms.LASTSRV in states:
+        last = chain.targets[states.index(ms.LASTSRV)].target_id
+        return [f"chain {chain.chain_id} has no SERVING target: IO to it waits for target {last} "
+                f"(LASTSRV: the last to serve, it holds the newest data) to come back; if it never will, "
+                f"`threefs admin rotate-lastsrv {chain.chain_id}` serves from the next target and loses "
+                f"writes only {last} had"]
+    return [f"chain {chain.chain_id} has no SERVING target: IO to it fails ({desc})"]
+
+
+def recovering(st: ms.MgmtdStatusRsp) -> list[str]:
+    """What is getting better by itself."""
+    r = st.routing
+    out = []
+    if r.bootstrapping:
+        out.append(f"mgmtd {st.primary.node_id} became primary recently: it waits one heartbeat timeout "
+                   f"({st.heartbeat_timeout_s:.0f} s) before judging nodes dead")
+    progress = {p.target_id: p for p in st.syncs}
+    for chain in sorted(r.chains.values(), key=lambda c: c.chain_id):
+        for t in chain.targets:
+            if t.public_state == ms.SYNCING:
+                p = progress.get(t.target_id)
+                how = (f"from target {p.source_id}: {_percent(p)}" if p is not None
+                       else "(its resync is starting)")
+                out.append(f"target {t.target_id} (chain {chain.chain_id}) is resyncing {how}")
+            elif t.public_state == ms.WAITING:
+                local = r.targets[t.target_id].local_state if t.target_id in r.targets else "?"
+                out.append(f"target {t.target_id} (chain {chain.chain_id}) is WAITING ({local}): it resyncs "
+                           "once its chain has a SERVING target and no other resync")
+    return out
+
+
+async def _probe(rpc, addr: str) -> ms.PrimaryRsp | str:
+    try:
+        rsp, _ = await rpc.call(addr, "mgmtd.get_primary", Empty(), ms.PrimaryRsp,
+                                timeout=MGMTD_PROBE_TIMEOUT_S)
+        return rsp
+    except ThreeFSError as e:
+        return f"{e.code.name}: {e.message}"
+
+
+async def gather(aio) -> tuple[ms.MgmtdStatusRsp, list[ms.PrimaryRsp], list[tuple[str, str]]]:
+    """(primary's status, each answering mgmtd's identity, [(address, why)] of those that did not)."""
+    st = await aio.mgmtd.call("status", Empty(), ms.MgmtdStatusRsp)
+    addrs = sorted(set(aio.config.mgmtd) | {m.addr for m in st.members})
+    probes = await asyncio.gather(*(_probe(aio.rpc, a) for a in addrs))
+    ok = [p for p in probes if isinstance(p, ms.PrimaryRsp)]
+    bad = [(a, p) for a, p in zip(addrs, probes) if isinstance(p, str)]
+    return st, ok, bad
+
+
+def as_dict(st, mgmtds, unreachable) -> dict:
+    return {"routing": msgspec.to_builtins(st.routing), "primary": msgspec.to_builtins(st.primary),
+            "mgmtd": msgspec.to_builtins(mgmtds), "unreachable_mgmtd": [a for a, _ in unreachable],
+            "heartbeat_age_s": st.heartbeat_age_s, "syncs": msgspec.to_builtins(st.syncs),
+            "problems": problems(st, unreachable), "recovering": recovering(st)}
+
+
+def render_text(st: ms.MgmtdStatusRsp, mgmtds: list[ms.PrimaryRsp], unreachable) -> str:
+    r = st.routing
+    lines = [f"routing v{r.version}; primary mgmtd {st.primary.node_id} at {st.primary.addr}"
+             + (" (bootstrapping)" if r.bootstrapping else "")]
+    lines.append("MGMTD")
+    for m in sorted(mgmtds, key=lambda m: m.node_id):
+        role = "PRIMARY" if m.is_primary else "standby"
+        lines.append(f"  {m.node_id:>5} {m.addr:<22} {role}")
+    for addr, why in unreachable:
+        lines.append(f"  {'?':>5} {addr:<22} DOWN ({why})")
+    lines.append("NODES")
+    for n in sorted(r.nodes.values(), key=lambda n: n.node_id):
+        lines.append(f"  {n.node_id:>5} {n.type:<8} {n.addr:<22} {'alive' if n.alive else 'FAILED':<7} "
+                     f"heartbeat {_age(st, n.node_id)}")
+    lines.append("TARGETS")
+    lines.append(f"  {'target':>8} {'node':>5} {'chain':>6}  {'public':<8} {'local':<9} used")
+    for t in sorted(r.targets.values(), key=lambda t: t.target_id):
+        flag = "  (admin offline)" if t.admin_offline else ""
+        lines.append(f"  {t.target_id:>8} {t.node_id:>5} {t.chain_id or '-':>6}  {t.public_state:<8} "
+                     f"{t.local_state:<9} {_fmt_bytes(t.used_bytes)}{flag}")
+    lines.append("CHAINS (head first)")
+    for c in sorted(r.chains.values(), key=lambda c: c.chain_id):
+        members = "  ".join(f"{t.target_id}:{t.public_state}" for t in c.targets)
+        lines.append(f"  chain {c.chain_id:>4} v{c.version:<5} {members}")
+    for t in sorted(r.tables.values(), key=lambda t: t.table_id):
+        lines.append(f"TABLE {t.table_id} v{t.version}: {len(t.chains)} chains x {t.replicas} replicas")
+    for title, items in (("RECOVERING", recovering(st)), ("PROBLEMS", problems(st, unreachable))):
+        if items:
+            lines.append(title)
+            lines.extend(f"  - {item}" for item in items)
+    if not problems(st, unreachable) and not recovering(st):
+        lines.append("OK: every node alive, every chain fully SERVING")
+    return "\n".join(lines)
+
+
 def render_status(fs, as_json: bool = False) -> int:
-    routing = fs._run(fs.aio.mgmtd.refresh(force=True)).info
-    issues = problems(routing)
+    """Print the status once (exit 0); `fs` is a connected `threefs.Client`."""
+    st, mgmtds, unreachable = fs._run(gather(fs.aio))
     if as_json:
-        print(json.dumps({"routing": msgspec.to_builtins(routing), "problems": issues}, indent=2))
-        return 0
-    print(f"routing version {routing.version}{' (mgmtd bootstrapping)' if routing.bootstrapping else ''}")
-    print("NODES")
-    for n in sorted(routing.nodes.values(), key=lambda n: n.node_id):
-        print(f"  {n.node_id:>5} {n.type:<8} {n.addr:<22} {'alive' if n.alive else 'FAILED'}")
-    print("CHAINS")
-    for c in sorted(routing.chains.values(), key=lambda c: c.chain_id):
-        members = "  ".join(f"{t.target_id}:{t.public_state}/{routing.targets[t.target_id].local_state}"
-                            for t in c.targets)
-        print(f"  chain {c.chain_id:>3} v{c.version:<4} {members}")
-    for t in routing.tables.values():
-        print(f"TABLE {t.table_id} v{t.version}: {len(t.chains)} chains x {t.replicas} replicas")
-    print("PROBLEMS" if issues else "no problems: every chain is fully SERVING")
-    for p in issues:
-        print(f"  - {p}")
+        print(json.dumps(as_dict(st, mgmtds, unreachable), indent=2))
+    else:
+        print(render_text(st, mgmtds, unreachable))
     return 0
+
+
+def watch_status(fs, interval_s: float, as_json: bool = False, rounds_max: int = 0) -> int:
+    """Redraw every `interval_s` until Ctrl-C (or `rounds_max` rounds, for scripts and tests)."""
+    interval_s = max(interval_s, WATCH_INTERVAL_S_MIN)
+    rounds = 0
+    while True:
+        if not as_json and sys.stdout.isatty():
+            print("\x1b[H\x1b[2J", end="")  # clear the screen
+        try:
+            render_status(fs, as_json)
+        except ThreeFSError as e:  # mgmtd failing over: say so and keep watching
+            print(f"status unavailable: {e}")
+        print(time.strftime("-- %H:%M:%S --"), flush=True)
+        rounds += 1
+        if rounds_max and rounds >= rounds_max:
+            return 0
+        time.sleep(interval_s)

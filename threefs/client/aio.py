@@ -20,24 +20,34 @@ from threefs.rpc.schemas.mgmtd import META
 
 log = logging.getLogger(__name__)
 
+META_KEEPALIVE_S = 10.0  # [meta] well under meta's client_session_timeout_s (120 s by default)
+
 
 class AsyncClient:
     def __init__(self, config: ClientConfig):
         self.config = config
-        self.rpc = RpcClient(config.token)
+        self.rpc = RpcClient(config.token, senders_max=config.request_to_send)
         self.mgmtd = MgmtdClient(self.rpc, config.mgmtd)
         self.storage = StorageClient(self.rpc, self.mgmtd, timeout=config.timeout_s)
         self._meta_rr = itertools.count()
         self._refresher: asyncio.Task | None = None
+        # [meta] request ids make retried mutations idempotent; acting_user is sent on every meta call
+        # that takes a user (only privileged tokens may set it: the FUSE daemon sets it per call instead)
+        self._meta_request_ids = itertools.count(1)
+        self.acting_user: m.UserCred | None = None
+        self._keepalive: asyncio.Task | None = None
 
     async def start(self) -> "AsyncClient":
         await self.mgmtd.refresh(force=True)
         self._refresher = asyncio.ensure_future(self.mgmtd.refresh_loop(1.0))
+        self._keepalive = asyncio.ensure_future(self._meta_keepalive_loop())  # [meta]
         return self
 
     async def close(self) -> None:
         if self._refresher is not None:
             self._refresher.cancel()
+        if self._keepalive is not None:  # [meta]
+            self._keepalive.cancel()
         await self.rpc.close()
 
     # -- meta ------------------------------------------------------------------------------------
@@ -50,6 +60,10 @@ class AsyncClient:
             servers = routing.nodes_of_type(META)
         if not servers:
             raise status_error(StatusCode.UNAVAILABLE, "no meta server is alive; see `threefs status`")
+        if getattr(req, "request_id", None) == 0:  # [meta] one id per call: failover retries reuse it
+            req.request_id = next(self._meta_request_ids)
+        if self.acting_user is not None and getattr(req, "user", 0) is None:
+            req.user = self.acting_user
         start = next(self._meta_rr)
         errors = []
         for i in range(len(servers)):
@@ -89,7 +103,11 @@ class AsyncClient:
     async def close_file(self, inode: int, session: str, length_hint: int) -> m.InodeAttr:
         return (await self.meta_call("close", m.CloseReq(inode, session, length_hint), m.AttrRsp)).attr
 
-    async def remove(self, path: str) -> None:
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        """unlink; with recursive=True any entry, a directory tree handed to GC in one transaction."""
+        if recursive:  # [meta]
+            await self.meta_call("remove", m.RemoveReq(path, recursive=True), m.OkRsp)
+            return
         await self.meta_call("unlink", m.PathReq(path), m.OkRsp)
 
     async def rmdir(self, path: str) -> None:
@@ -100,6 +118,115 @@ class AsyncClient:
 
     async def truncate(self, path: str, length: int) -> m.InodeAttr:
         return (await self.meta_call("truncate", m.TruncateReq(path, length), m.AttrRsp)).attr
+
+    # -- [meta] the rest of POSIX, and the same operations on (parent inode, name) for FUSE -----------------
+    # Inode-based calls take meta inode ids (the root is 0). `user` (UserCred) acts for that user; only a
+    # privileged token (the cluster token) may pass one. Each is one meta RPC, retried on another meta
+    # server when one dies (mutations carry request ids, so a retry never acts twice).
+    async def _meta_keepalive_loop(self) -> None:
+        """Tell meta this client is alive, so its write sessions are not pruned (runs until close)."""
+        while True:
+            await asyncio.sleep(META_KEEPALIVE_S)
+            try:
+                await self.meta_call("keepalive", m.KeepaliveReq(), m.OkRsp)
+            except ThreeFSError as e:
+                log.debug("meta keepalive failed: %s", e)
+
+    async def lstat(self, path: str, user: m.UserCred | None = None) -> m.InodeAttr:
+        return (await self.meta_call("stat", m.StatReq(path, False, user=user), m.StatRsp)).attr
+
+    async def lookup(self, parent: int, name: str, user: m.UserCred | None = None) -> m.InodeAttr:
+        """The entry `name` in directory inode `parent` (not following a final symlink)."""
+        req = m.StatReq(name, False, parent=parent, user=user)
+        return (await self.meta_call("stat", req, m.StatRsp)).attr
+
+    async def getattr(self, inode: int, user: m.UserCred | None = None) -> m.InodeAttr:
+        return (await self.meta_call("stat", m.StatReq("", False, parent=inode, user=user), m.StatRsp)).attr
+
+    async def batch_stat(self, items: list, follow: bool = True,
+                         user: m.UserCred | None = None) -> list[m.InodeAttr | ThreeFSError]:
+        """stat of many paths or (parent inode, path) pairs in one call (one snapshot); each item gets its
+        attributes or its error."""
+        pairs = [m.PathAt(*i) if isinstance(i, tuple) else m.PathAt(m.NO_PARENT, i) for i in items]
+        rsp = await self.meta_call("batch_stat", m.BatchStatReq(pairs, follow, user), m.BatchStatRsp)
+        return [a if a is not None else status_error(code, msg)
+                for a, code, msg in zip(rsp.attrs, rsp.errors, rsp.messages)]
+
+    async def readdir(self, path: str = "", start_after: str = "", limit: int = limits.READDIR_PAGE_MAX, *,
+                      parent: int = m.NO_PARENT, user: m.UserCred | None = None) -> m.ReaddirRsp:
+        """One page of a directory (a path, or parent=inode with path ""); `more` says whether to go on
+        from the last name."""
+        return await self.meta_call("readdir", m.ReaddirReq(path, start_after, limit, parent, user),
+                                    m.ReaddirRsp)
+
+    async def create_at(self, parent: int, name: str, flags: int, mode: int = 0o644,
+                        user: m.UserCred | None = None, chunk_size: int = 0, stripe: int = 0) -> m.OpenRsp:
+        """open(name, flags | O_CREAT, mode) in directory inode `parent`."""
+        req = m.OpenReq(name, flags | os.O_CREAT, mode, chunk_size, stripe, parent, user)
+        return await self.meta_call("open", req, m.OpenRsp)
+
+    async def open_inode(self, inode: int, flags: int, user: m.UserCred | None = None) -> m.OpenRsp:
+        return await self.meta_call("open", m.OpenReq("", flags, parent=inode, user=user), m.OpenRsp)
+
+    async def mkdir_at(self, parent: int, name: str, mode: int = 0o755,
+                       user: m.UserCred | None = None) -> m.InodeAttr:
+        req = m.MkdirReq(name, mode, parent=parent, user=user)
+        return (await self.meta_call("mkdir", req, m.AttrRsp)).attr
+
+    async def unlink_at(self, parent: int, name: str, user: m.UserCred | None = None) -> None:
+        await self.meta_call("unlink", m.PathReq(name, parent, user), m.OkRsp)
+
+    async def rmdir_at(self, parent: int, name: str, user: m.UserCred | None = None) -> None:
+        await self.meta_call("rmdir", m.PathReq(name, parent, user), m.OkRsp)
+
+    async def rename_at(self, parent: int, name: str, new_parent: int, new_name: str,
+                        noreplace: bool = False, user: m.UserCred | None = None) -> None:
+        req = m.RenameReq(name, new_name, noreplace, parent, new_parent, user)
+        await self.meta_call("rename", req, m.OkRsp)
+
+    async def link(self, src: str, dst: str, user: m.UserCred | None = None) -> m.InodeAttr:
+        return (await self.meta_call("link", m.LinkReq(src, dst, user=user), m.AttrRsp)).attr
+
+    async def link_at(self, inode: int, new_parent: int, new_name: str,
+                      user: m.UserCred | None = None) -> m.InodeAttr:
+        req = m.LinkReq("", new_name, inode, new_parent, user)
+        return (await self.meta_call("link", req, m.AttrRsp)).attr
+
+    async def symlink(self, target: str, path: str, user: m.UserCred | None = None) -> m.InodeAttr:
+        """A symlink at `path` pointing to `target` (os.symlink's order)."""
+        return (await self.meta_call("symlink", m.SymlinkReq(path, target, user=user), m.AttrRsp)).attr
+
+    async def symlink_at(self, parent: int, name: str, target: str,
+                         user: m.UserCred | None = None) -> m.InodeAttr:
+        req = m.SymlinkReq(name, target, parent, user)
+        return (await self.meta_call("symlink", req, m.AttrRsp)).attr
+
+    async def readlink(self, path: str = "", *, parent: int = m.NO_PARENT,
+                       user: m.UserCred | None = None) -> str:
+        """The target of a symlink: a path, or parent=inode with path ""."""
+        req = m.StatReq(path, False, parent=parent, user=user)
+        return (await self.meta_call("readlink", req, m.ReadlinkRsp)).target
+
+    async def setattr(self, path: str = "", *, parent: int = m.NO_PARENT, follow: bool = True,
+                      mode: int | None = None, uid: int | None = None, gid: int | None = None,
+                      atime_ns: int | None = None, mtime_ns: int | None = None, length: int | None = None,
+                      user: m.UserCred | None = None, chunk_size: int | None = None,
+                      stripe: int | None = None, table_id: int | None = None) -> m.InodeAttr:
+        """chmod / chown / utimens (m.UTIME_NOW = now) / truncate / a directory's default layout; None
+        leaves a field alone. A path, or parent=inode with path ""."""
+        req = m.SetattrReq(path, parent, follow, mode, uid, gid, atime_ns, mtime_ns, length, user,
+                           chunk_size=chunk_size, stripe=stripe, table_id=table_id)
+        return (await self.meta_call("setattr", req, m.AttrRsp)).attr
+
+    async def sync_file(self, inode: int, session: str, length_hint: int = -1, truncate_ver: int = -1,
+                        exact: bool = False) -> m.InodeAttr:
+        """While writing: raise the file's length to `length_hint` (cheap), or with exact=True (fsync)
+        set it from storage. `truncate_ver` is the InodeAttr.truncate_ver the writer knows."""
+        req = m.SyncReq(inode, session, length_hint, truncate_ver, exact)
+        return (await self.meta_call("sync", req, m.AttrRsp)).attr
+
+    async def statfs(self) -> m.StatfsRsp:
+        return await self.meta_call("statfs", m.StatfsReq(), m.StatfsRsp)
 
     # -- data ------------------------------------------------------------------------------------
     async def _table(self, attr: m.InodeAttr) -> list[int]:

@@ -13,12 +13,12 @@ import io
 import os
 from pathlib import Path
 
+from threefs.client import batch
 from threefs.client.aio import AsyncClient, open_flags
-from threefs.client.file import RawFile
+from threefs.client.file import READ_AHEAD_BYTES_DEFAULT, WRITE_BEHIND_BYTES_DEFAULT, File, RawFile
 from threefs.client.loop import LoopThread
 from threefs.common.config import ClientConfig, find_client_config, load_toml
-from threefs.common.status import StatusCode, ThreeFSError, status_error
-from threefs.rpc.client import as_bytes_view
+from threefs.common.status import StatusCode, status_error
 from threefs.rpc.schemas import meta as m
 
 
@@ -96,21 +96,69 @@ class Client:
     def truncate(self, path: str, length: int) -> m.InodeAttr:
         return self._run(self.aio.truncate(path, length))
 
+    # -- [meta] more of POSIX --------------------------------------------------------------------
+    def lstat(self, path: str) -> m.InodeAttr:
+        """Attributes of `path` itself (a final symlink is not followed)."""
+        return self._run(self.aio.lstat(path))
+
+    def batch_stat(self, paths: list[str], follow: bool = True) -> list:
+        """stat of many paths in one call; each item is an InodeAttr or the error for that path."""
+        return self._run(self.aio.batch_stat(list(paths), follow))
+
+    def remove_tree(self, path: str) -> None:
+        """`rm -r`: the tree leaves the namespace at once (one transaction); GC removes its files."""
+        self._run(self.aio.remove(path, recursive=True))
+
+    def symlink(self, target: str, path: str) -> m.InodeAttr:
+        """Create `path` as a symlink to `target` (os.symlink's argument order)."""
+        return self._run(self.aio.symlink(target, path))
+
+    def readlink(self, path: str) -> str:
+        return self._run(self.aio.readlink(path))
+
+    def link(self, src: str, dst: str) -> m.InodeAttr:
+        """A hard link: `dst` becomes another name of the file `src`."""
+        return self._run(self.aio.link(src, dst))
+
+    def chmod(self, path: str, mode: int) -> m.InodeAttr:
+        return self._run(self.aio.setattr(path, mode=mode))
+
+    def chown(self, path: str, uid: int | None = None, gid: int | None = None) -> m.InodeAttr:
+        return self._run(self.aio.setattr(path, uid=uid, gid=gid))
+
+    def utime(self, path: str, ns: tuple[int, int] | None = None) -> m.InodeAttr:
+        """Set (atime_ns, mtime_ns), or both to now (os.utime's convention, in nanoseconds)."""
+        atime, mtime = ns if ns is not None else (m.UTIME_NOW, m.UTIME_NOW)
+        return self._run(self.aio.setattr(path, atime_ns=atime, mtime_ns=mtime))
+
+    def statfs(self) -> m.StatfsRsp:
+        """Capacity, used and free bytes (of file data: one replica's worth)."""
+        return self._run(self.aio.statfs())
+
     # -- files -----------------------------------------------------------------------------------
     def open(self, path: str, mode: str = "rb", buffering: int = -1, *, chunk_size: int = 0,
-             stripe: int = 0, perm: int = 0o644):
-        """Open a file in a binary mode. buffering=0 gives the raw file (no Python-side buffer)."""
-        flags, readable, writable = open_flags(mode)
+             stripe: int = 0, perm: int = 0o644, encoding: str | None = None, errors: str | None = None,
+             newline: str | None = None, read_ahead_bytes: int = READ_AHEAD_BYTES_DEFAULT,
+             write_behind_bytes: int = WRITE_BEHIND_BYTES_DEFAULT):
+        """Open a file. Binary modes give a File (read-ahead, write-behind); buffering=0 the RawFile
+        (every call straight to storage); text modes ("r", "w", "rt", ...) a TextIOWrapper over a File."""
+        text = "b" not in mode
+        if text and buffering == 0:
+            raise status_error(StatusCode.INVALID_ARGUMENT, "text mode needs buffering (buffering=0 is "
+                               "binary only)")
+        flags, readable, writable = open_flags(mode.replace("t", "") + ("b" if text else ""))
         rsp = self._run(self.aio.open(path, flags, perm, chunk_size, stripe))
         if rsp.attr.type == m.DIRECTORY:
+            if rsp.session:
+                self._run(self.aio.close_file(rsp.attr.inode, rsp.session, -1))
             raise status_error(StatusCode.IS_DIRECTORY, f"{path} is a directory")
-        raw = RawFile(self, path, rsp, flags, readable, writable)
         if buffering == 0:
-            return raw
-        size = buffering if buffering > 1 else rsp.attr.layout.chunk_size
-        if readable and writable:
-            return io.BufferedRandom(raw, size)
-        return io.BufferedWriter(raw, size) if writable else io.BufferedReader(raw, size)
+            return RawFile(self, path, rsp, flags, readable, writable)
+        f = File(self, path, rsp, flags, readable, writable, read_ahead_bytes=read_ahead_bytes,
+                 write_behind_bytes=write_behind_bytes)
+        if text:
+            return io.TextIOWrapper(f, encoding or "utf-8", errors, newline)
+        return f
 
     def read_bytes(self, path: str) -> bytes:
         with self.open(path, "rb") as f:
@@ -120,48 +168,63 @@ class Client:
         with self.open(path, "wb", buffering=0) as f:
             return f.write(data)
 
-    def put(self, local: str | os.PathLike, remote: str, piece_bytes: int = 64 << 20) -> int:
-        """Copy a local file in: large pieces, each written to many chunks in parallel."""
+    def put(self, local: str | os.PathLike, remote: str, piece_bytes: int = 8 << 20,
+            progress=None) -> int:
+        """Copy a local file in; the write-behind keeps storage busy while the next piece is read.
+        progress(nbytes) is called after each piece."""
         total = 0
-        with open(local, "rb") as src, self.open(remote, "wb", buffering=0) as dst:
-            buf = bytearray(piece_bytes)
-            while n := src.readinto(buf):
-                total += dst.write(memoryview(buf)[:n])
+        with open(local, "rb") as src, self.open(remote, "wb") as dst:
+            while piece := src.read(piece_bytes):  # bytes: sent to storage without another copy
+                total += dst.write(piece)
+                if progress is not None:
+                    progress(len(piece))
         return total
 
-    def get(self, remote: str, local: str | os.PathLike, piece_bytes: int = 64 << 20) -> int:
+    def get(self, remote: str, local: str | os.PathLike, piece_bytes: int = 8 << 20,
+            progress=None) -> int:
+        """Copy a file out; read-ahead fetches the next pieces while this one is written locally."""
         total = 0
-        with self.open(remote, "rb", buffering=0) as src, open(local, "wb") as dst:
-            buf = bytearray(piece_bytes)
+        buf = bytearray(piece_bytes)
+        view = memoryview(buf)
+        with self.open(remote, "rb") as src, open(local, "wb") as dst:
             while n := src.readinto(buf):
-                dst.write(memoryview(buf)[:n])
+                dst.write(view[:n])
                 total += n
+                if progress is not None:
+                    progress(n)
         return total
 
     def batch_read(self, items, *, raise_on_error: bool = True) -> list:
-        """Read many (file, offset, buffer) items with all IOs in flight together.
+        """Read many (file, offset, buffer) or (file, offset, length, buffer) items with all their
+        IOs in flight together (see threefs.client.batch).
 
-        `file` is a path, an InodeAttr or an open RawFile; `buffer` any writable contiguous buffer
+        `file` is a path, an InodeAttr or an open file; `buffer` any writable contiguous buffer
         (bytearray, memoryview, numpy array). Returns bytes read per item (short at end of file); with
         raise_on_error=False failed items hold their exception instead.
         """
-        attrs: dict[str, m.InodeAttr] = {}
-        requests = []
-        for file, offset, buf in items:
-            if isinstance(file, m.InodeAttr):
-                attr = file
-            elif isinstance(file, RawFile):
-                attr = file._attr_now()
-            else:
-                path = os.fspath(file)
-                attr = attrs.get(path) or attrs.setdefault(path, self.stat(path))
-            requests.append((attr, offset, as_bytes_view(buf)))
-        results = self._run(self.aio.batch_read(requests))
-        if raise_on_error:
-            for r in results:
-                if isinstance(r, ThreeFSError):
-                    raise r
-        return results
+        items = list(items)
+        batch.check_batch_size(len(items))
+        resolved = batch.resolve_read_items(self, items)
+        return _check_results(batch.run_partial(self, resolved, self.aio.batch_read), raise_on_error)
+
+    def batch_write(self, items, *, create: bool = False, raise_on_error: bool = True) -> list:
+        """Write many (file, offset, buffer) or (file, offset, length, buffer) items, all in flight
+        together; then publish the new lengths. Items must not overlap. `file` is a path (create=True
+        creates missing files), an InodeAttr or a file object open for writing. Returns bytes written
+        per item, or (raise_on_error=False) the item's exception."""
+        items = list(items)
+        batch.check_batch_size(len(items))
+        requests, targets = batch.open_write_targets(self, items, create)
+        try:
+            results = batch.run_partial(self, requests, lambda reqs: batch.write_batch(self.aio, reqs))
+            for req, r in zip(requests, results):
+                if not isinstance(r, BaseException) and not isinstance(req, BaseException):
+                    attr, offset, view = req
+                    t = targets[attr.inode]
+                    t.end = max(t.end, offset + len(view))
+        finally:
+            batch.close_write_targets(self, targets)
+        return _check_results(results, raise_on_error)
 
     def walk_files(self, path: str):
         """Yield (path, attr) of every file under path, depth first."""
@@ -171,3 +234,11 @@ class Client:
                 yield from self.walk_files(child)
             else:
                 yield child, self.stat(child)
+
+
+def _check_results(results: list, raise_on_error: bool) -> list:
+    if raise_on_error:
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+    return results

@@ -11,6 +11,9 @@ from threefs.rpc.schemas import mgmtd as s
 
 log = logging.getLogger(__name__)
 
+MGMTD_ADDRS_MAX = 16  # configured addresses plus redirect targets learnt
+MGMTD_ATTEMPTS_MAX = 8  # addresses tried by one call before giving up with UNAVAILABLE
+
 
 class Routing:
     """Read-only helpers over one RoutingInfo snapshot."""
@@ -57,31 +60,57 @@ class Routing:
 
 
 class MgmtdClient:
-    def __init__(self, rpc: RpcClient, addrs: list[str], *, timeout: float = 5.0):
+    """Finds the primary mgmtd among `addrs` (following NOT_PRIMARY redirects) and caches routing.
+
+    `token_listener`, if set (storage and meta), is awaited as `listener(routing)` whenever the routing
+    info carries a token version the listener has not seen: it fetches the valid user tokens.
+    """
+
+    def __init__(self, rpc: RpcClient, addrs: list[str], *, timeout: float = 5.0,
+                 follow_redirects: bool = True):
         if not addrs:
             raise status_error(StatusCode.INVALID_ARGUMENT, "no mgmtd address configured")
         self.rpc = rpc
         self.addrs = list(addrs)
         self.timeout = timeout
+        self.follow_redirects = follow_redirects
         self.routing: Routing | None = None
+        self.token_listener = None  # async (Routing) -> bool (True once that version is installed)
+        self._token_version_seen = -1
         self._refreshing: asyncio.Task | None = None
 
+    def _prefer(self, addr: str) -> None:
+        """Try `addr` first from now on (the last primary that answered, or a redirect target)."""
+        if addr in self.addrs:
+            self.addrs.remove(addr)
+        self.addrs.insert(0, addr)
+        del self.addrs[MGMTD_ADDRS_MAX:]
+
     async def call(self, method: str, req, rsp_type, timeout: float | None = None):
-        """Call the primary mgmtd, trying each configured address (3FS: probe + follow redirects)."""
-        errors = []
-        for addr in list(self.addrs):
+        """Call the primary mgmtd: each address at most once, a NOT_PRIMARY redirect's target next."""
+        errors: list[str] = []
+        tried: set[str] = set()
+        queue = list(self.addrs)
+        while queue and len(tried) < MGMTD_ATTEMPTS_MAX:
+            addr = queue.pop(0)
+            if addr in tried:
+                continue
+            tried.add(addr)
             try:
                 rsp, _ = await self.rpc.call(addr, f"mgmtd.{method}", req, rsp_type,
                                              timeout=timeout or self.timeout)
-                if addr != self.addrs[0]:  # remember who answered
-                    self.addrs.remove(addr)
-                    self.addrs.insert(0, addr)
-                return rsp
             except ThreeFSError as e:
                 if e.code not in (StatusCode.UNAVAILABLE, StatusCode.NOT_PRIMARY, StatusCode.TIMEOUT):
                     raise
                 errors.append(f"{addr}: {e.message}")
-        raise status_error(StatusCode.UNAVAILABLE, "no mgmtd answered: " + "; ".join(errors))
+                redirect = s.primary_from_message(e.message) if e.code == StatusCode.NOT_PRIMARY else ""
+                if redirect and redirect not in tried and (self.follow_redirects or redirect in self.addrs):
+                    queue.insert(0, redirect)
+                continue
+            if addr != self.addrs[0]:
+                self._prefer(addr)
+            return rsp
+        raise status_error(StatusCode.UNAVAILABLE, "no primary mgmtd answered: " + "; ".join(errors))
 
     async def refresh(self, force: bool = False) -> Routing:
         """Fetch routing if it changed (one in flight at a time; callers share it)."""
@@ -94,7 +123,19 @@ class MgmtdClient:
         rsp = await self.call("get_routing", s.GetRoutingReq(known), s.GetRoutingRsp)
         if rsp.routing is not None:
             self.routing = Routing(rsp.routing)
+        await self._check_tokens()
         return self.routing
+
+    async def _check_tokens(self) -> None:
+        if self.token_listener is None or self.routing is None:
+            return
+        version = self.routing.info.token_version
+        if version != self._token_version_seen:
+            try:
+                if await self.token_listener(self.routing):
+                    self._token_version_seen = version
+            except ThreeFSError as e:  # keep the old set; the next refresh tries again
+                log.warning("could not fetch user tokens (version %d): %s", version, e)
 
     async def get(self) -> Routing:
         return self.routing if self.routing is not None else await self.refresh()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import crc32c
 
@@ -40,6 +40,7 @@ class ReadItem:
     result: int = -1  # bytes read from storage (>= 0) once done
     error: ThreeFSError | None = None
     target: int = 0  # the replica chosen for the current attempt
+    avoid: set = field(default_factory=set)  # replicas that failed this item (tried last)
 
 
 class StorageClient:
@@ -156,10 +157,11 @@ class StorageClient:
             groups = self._group_by_node(routing, pending)
             await asyncio.gather(*(self._read_node(addr, batch, allow_uncommitted)
                                    for addr, batches in groups.items() for batch in batches))
-            retry = [it for it in pending if it.error is not None and it.error.retryable]
+            retry = [it for it in pending if it.error is not None and _read_retryable(it.error)]
             if not retry or loop.time() > deadline:
                 return
             for it in retry:
+                it.avoid.add(it.target)
                 it.error = None
             pending = retry
             await asyncio.sleep(delay)
@@ -170,15 +172,20 @@ class StorageClient:
                 pass
 
     def _group_by_node(self, routing: Routing, items: list[ReadItem]) -> dict[str, list]:
+        """Pick a SERVING replica per item; group small IOs per storage service into bounded batches."""
         groups: dict[str, list[list[ReadItem]]] = {}
+        open_bytes: dict[str, int] = {}  # bytes in each service's last (open) batch
+        serving: dict[int, list[int]] = {}  # per chain, computed once per call
         for it in items:
             try:
-                chain = routing.chain(it.chain_id)
-                targets = serving_targets(chain)
+                targets = serving.get(it.chain_id)
+                if targets is None:
+                    targets = serving[it.chain_id] = serving_targets(routing.chain(it.chain_id))
                 if not targets:
                     raise status_error(StatusCode.NO_SERVING_TARGET, f"chain {it.chain_id} has no "
                                        f"SERVING target ({routing.describe_chain(it.chain_id)})")
-                target = targets[next(self._rr) % len(targets)]
+                fresh = [t for t in targets if t not in it.avoid] if it.avoid else targets
+                target = (fresh or targets)[next(self._rr) % len(fresh or targets)]
                 addr = routing.target_addr(target)
             except ThreeFSError as e:
                 it.error = e
@@ -189,14 +196,16 @@ class StorageClient:
                 batches.insert(0, [it])
                 continue
             last = batches[-1]
-            if len(last) >= BATCH_IOS_MAX or sum(x.length for x in last) + it.length > BATCH_BYTES_MAX:
+            if len(last) >= BATCH_IOS_MAX or open_bytes.get(addr, 0) + it.length > BATCH_BYTES_MAX:
                 batches.append(last := [])
+                open_bytes[addr] = 0
             last.append(it)
+            open_bytes[addr] = open_bytes.get(addr, 0) + it.length
         return {addr: [b for b in batches if b] for addr, batches in groups.items()}
 
     async def _read_node(self, addr: str, batch: list[ReadItem], allow_uncommitted: bool) -> None:
         req = ss.BatchReadReq([ss.ReadIO(it.chain_id, it.target, it.chunk_id, it.offset, it.length)
-                               for it in batch], allow_uncommitted)
+                               for it in batch], allow_uncommitted, self.rpc.senders is not None)
         # One IO: receive straight into the caller's memory. Several: into one buffer, then scatter.
         single = len(batch) == 1
         lease = None if single else self.pool.acquire(sum(align_up(it.length) for it in batch))
@@ -227,3 +236,8 @@ class StorageClient:
                 it.dest[res.length:] = bytes(it.length - res.length)
             pos = align_up(pos + res.length)
             it.result = res.length
+
+
+def _read_retryable(error: ThreeFSError) -> bool:
+    """A read may go to another replica after these (a corrupted replica is being repaired)."""
+    return error.retryable or error.code == StatusCode.CHECKSUM_MISMATCH

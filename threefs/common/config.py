@@ -30,8 +30,19 @@ class ServiceConfig(msgspec.Struct, kw_only=True):
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
     chain_update_interval_s: float = 0.5
+    # mgmtd HA: the primary renews a lease in the KV every renew interval; a standby takes an expired one.
+    # Lease + renew stays under heartbeat_timeout_s / 2, so storage services (which fence themselves after
+    # that long without a heartbeat) keep serving through a clean mgmtd failover.
+    mgmtd_lease_s: float = 1.5
+    mgmtd_lease_renew_s: float = 0.5
+    # Follow a standby's "primary is at ADDR" redirect. False when mgmtd is reached through proxies or NAT:
+    # the address mgmtd advertises is then not the one to use from here, so only `mgmtd` addresses are tried.
+    mgmtd_follow_redirects: bool = True
     gc_interval_s: float = 0.5
+    meta_gc_delay_s: float = 60.0  # meta: an unlinked file's chunks are removed this long after its unlink
+    client_session_timeout_s: float = 120.0  # meta: write sessions of clients silent this long are pruned
     fsync: bool = False
+    scrub_interval_s: float = 600.0  # storage: one full checksum pass per interval (0 = off)
     metrics_port: int = 0  # 0 = no Prometheus endpoint
     log_level: str = "INFO"
 
@@ -44,6 +55,7 @@ class ClientConfig(msgspec.Struct, kw_only=True):
     mgmtd: list[str]
     token: str
     timeout_s: float = 30.0
+    request_to_send: int = 0  # > 0: storage asks before sending read data; at most this many at once
     cluster_dir: str = ""
 
 

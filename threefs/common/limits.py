@@ -8,6 +8,8 @@ GiB = 1024 * MiB
 FRAME_HEADER_BYTES_MAX = 1 * MiB  # msgpack header (method, args) of one frame
 FRAME_PAYLOAD_BYTES_MAX = 64 * MiB + 64 * KiB  # bulk bytes after the header
 INFLIGHT_REQUESTS_PER_CONNECTION_MAX = 1024
+CONNECTIONS_PER_CLIENT_MAX = 64  # authenticated connections one client id may hold to one server
+HELLO_TIMEOUT_S = 10.0  # a connection that has not authenticated by then is closed
 CALL_TIMEOUT_S_DEFAULT = 30.0
 CONNECT_TIMEOUT_S = 5.0
 
@@ -23,6 +25,8 @@ PATH_BYTES_MAX = 4096
 PATH_DEPTH_MAX = 64
 SYMLINK_FOLLOW_MAX = 10
 READDIR_PAGE_MAX = 1024
+NLINK_MAX = 65_000  # hard links to one file (ext4's limit)
+BATCH_STAT_MAX = 1024  # paths or inodes in one batch stat
 
 # batch IO
 BATCH_IOS_MAX = 100_000

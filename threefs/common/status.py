@@ -53,6 +53,8 @@ class StatusCode(IntEnum):
     NOT_SUPPORTED = 410
     BAD_FILE_HANDLE = 411
     FILE_TOO_LARGE = 412
+    NOT_PERMITTED = 413  # EPERM: not the owner (chmod, sticky directories, hard link to a directory)
+    TOO_MANY_LINKS = 414  # EMLINK: a file's hard-link count is at its limit
     # storage (5xx)
     CHAIN_VERSION_MISMATCH = 500
     NOT_HEAD = 501
@@ -94,6 +96,8 @@ _ERRNO = {
     StatusCode.NOT_SUPPORTED: _errno.EOPNOTSUPP,
     StatusCode.BAD_FILE_HANDLE: _errno.EBADF,
     StatusCode.FILE_TOO_LARGE: _errno.EFBIG,
+    StatusCode.NOT_PERMITTED: _errno.EPERM,
+    StatusCode.TOO_MANY_LINKS: _errno.EMLINK,
     StatusCode.NO_SPACE: _errno.ENOSPC,
     StatusCode.CHECKSUM_MISMATCH: _errno.EIO,
     StatusCode.IO_ERROR: _errno.EIO,
@@ -176,6 +180,7 @@ _CLASSES: dict[StatusCode, type[ThreeFSError]] = {
     StatusCode.NOT_DIRECTORY: NotADirectoryError_,
     StatusCode.IS_DIRECTORY: IsADirectoryError_,
     StatusCode.PERMISSION_DENIED: PermissionError_,
+    StatusCode.NOT_PERMITTED: PermissionError_,
     StatusCode.AUTH_FAILED: PermissionError_,
     StatusCode.TIMEOUT: TimeoutError_,
     StatusCode.UNAVAILABLE: UnavailableError,

@@ -169,6 +169,7 @@ class KVEngine(abc.ABC):
 ENGINE_MODULES: dict[str, str] = {
     "memory": "threefs.kv.memory:open_memory",
     "sqlite": "threefs.kv.sqlite:open_sqlite",
+    "etcd": "threefs.kv.etcd:open_etcd",
 }
 
 
@@ -184,8 +185,8 @@ async def open_engine(url: str) -> KVEngine:
     scheme, sep, _ = url.partition("://")
     target = ENGINE_MODULES.get(scheme) if sep else None
     if target is None:
-        raise ThreeFSError(StatusCode.INVALID_ARGUMENT, f"unsupported KV URL {url!r}; use memory:// or "
-                           f"sqlite:///path")
+        raise ThreeFSError(StatusCode.INVALID_ARGUMENT, f"unsupported KV URL {url!r}; use memory://, "
+                           f"sqlite:///path or etcd://host:port[,host:port...][/prefix]")
     module_name, _, function_name = target.partition(":")
     opener: Any = getattr(importlib.import_module(module_name), function_name)
     engine = await opener(url)

@@ -15,24 +15,33 @@ import enum
 from typing import NamedTuple
 
 from threefs.common import limits
+from threefs.common.ids import INODE_MAX, ROOT_INODE
 from threefs.common.status import StatusCode, status_error
+from threefs.rpc.schemas.meta import NO_PARENT
 
 
 class Last(enum.Enum):
-    """What the last component of a path is (Linux: LAST_NORM, LAST_DOT, LAST_DOTDOT, LAST_ROOT)."""
+    """What the last component of a path is (Linux: LAST_NORM, LAST_DOT, LAST_DOTDOT, LAST_ROOT), plus SELF:
+    the empty path relative to an inode, which names that inode (FUSE's getattr(inode), open(inode))."""
 
     NAME = "name"
     DOT = "."
     DOTDOT = ".."
     ROOT = "/"
+    SELF = ""
 
 
 class ParsedPath(NamedTuple):
     text: str  # the path as the caller gave it, for error messages
-    parent: tuple[str, ...]  # components to walk from the root to the directory holding `last` ('..' allowed)
-    last: str  # the final name; '' for the root, '.' or '..' for those kinds
+    parent: tuple[str, ...]  # components to walk from `start` to the directory holding `last` ('..' allowed)
+    last: str  # the final name; '' for the root and SELF, '.' or '..' for those kinds
     kind: Last
     trailing_slash: bool  # "a/b/": the target must be a directory
+    start: int = ROOT_INODE  # the inode the walk starts from: the root for absolute paths
+
+    @property
+    def relative(self) -> bool:
+        return not self.text.startswith("/")
 
 
 def encode_name(name: str) -> bytes:
@@ -63,12 +72,19 @@ def split_components(path: str) -> list[str]:
     return [part for part in path.split("/") if part and part != "."]
 
 
-def parse_path(path: str) -> ParsedPath:
-    """Validate an absolute path and split it into (parent components, last component, kind)."""
+def parse_path(path: str, parent: int = NO_PARENT) -> ParsedPath:
+    """Validate a path and split it into (parent components, last component, kind).
+
+    With `parent` NO_PARENT the path must be absolute; with an inode id a relative path starts there (an
+    absolute one still starts at the root, as openat(2)), and "" names that inode itself."""
     if not isinstance(path, str):
         raise status_error(StatusCode.INVALID_PATH, f"path must be a str, not {type(path).__name__}")
     if not path.startswith("/"):
-        raise status_error(StatusCode.INVALID_PATH, f"path {path!r} is not absolute (must start with '/')")
+        if parent == NO_PARENT:
+            raise status_error(StatusCode.INVALID_PATH,
+                               f"path {path!r} is not absolute (must start with '/')")
+        if not 0 <= parent <= INODE_MAX:
+            raise status_error(StatusCode.INVALID_ARGUMENT, f"parent inode {parent} is out of range")
     size = len(encode_name(path))
     if size > limits.PATH_BYTES_MAX:
         raise status_error(
@@ -86,8 +102,19 @@ def parse_path(path: str) -> ParsedPath:
         if part != "..":
             check_name(part, path)
     trailing_slash = path.endswith("/") and bool(raw)
-    parent, last, kind = split_last(path)
-    return ParsedPath(path, parent, last, kind, trailing_slash)
+    components, last, kind = split_last(path)
+    if path.startswith("/"):
+        return ParsedPath(path, components, last, kind, trailing_slash)
+    if kind is Last.ROOT:  # "" relative to an inode: the inode itself
+        kind = Last.SELF
+    return ParsedPath(path, components, last, kind, trailing_slash, parent)
+
+
+def display(parsed: ParsedPath) -> str:
+    """How errors name a path: as given, or `<inode N>/rest` for one relative to an inode."""
+    if not parsed.relative:
+        return parsed.text
+    return f"<inode {parsed.start}>" + (f"/{parsed.text}" if parsed.text else "")
 
 
 def split_last(path: str) -> tuple[tuple[str, ...], str, Last]:

@@ -5,9 +5,13 @@ Keys, as in 3FS (`src/common/kv/KeyPrefix-def.h`); a 4-byte prefix names the tab
     INOD + inode (8 B little-endian)                 -> Inode
     DENT + parent inode (8 B little-endian) + name   -> Dentry      (a listing is a range scan of the prefix)
     SESS + inode (8 B little-endian) + session id    -> WriteSession
-    GCQU + inode (8 B big-endian)                    -> GcEntry     (big-endian: scans go oldest inode first)
+    CLNT + client key                                -> ClientRecord (last seen; see service_sessions.py)
+    IDEM + client key + request id (8 B big-endian)  -> IdemRecord  (the reply of a removal, for retries)
+    GCQU + queued time (8 B BE) + inode (8 B BE)     -> GcEntry     (oldest first; directories at time 0)
     IALC                                             -> next free inode id (8 B big-endian)
     CALC + table id (4 B BE) + stripe (4 B BE)        -> next chain-allocation slot (8 B big-endian)
+
+A client key is the client id's length (1 byte) and its bytes, so one client's keys form one range.
 
 Inode ids are little-endian in INOD/DENT/SESS so that consecutive ids land far apart in the key space: with a
 range-partitioned KV (FoundationDB, TiKV) that spreads the inodes created by one burst over many shards.
@@ -17,17 +21,25 @@ move its mtime/ctime, from a *snapshot* read, so that concurrent creates in one 
 each other. That blind write would undo a concurrent change to any other field of the directory, so every
 operation that changes a directory's other fields (rename: parent and name; later setattr, set-layout) must
 also write that directory's dentry (`dentry_key(dir.parent, dir.name)`), which every entry-changing operation
-reads with conflict tracking; the root has no dentry and nothing changes its other fields.
+reads with conflict tracking; the root has no dentry and nothing changes its other fields. Operations that
+start from a directory *inode* (FUSE: create(parent inode, name)) read that directory's record from a
+snapshot too and add its dentry to their read-conflict set, which makes them retry after a concurrent
+rename, rmdir or chmod of the directory, and never after a create beside them.
+
+A directory's dentry also carries its permission bits and owner (3FS's dirAcl): path walks check search
+permission from the dentries they read anyway. chmod/chown of a directory rewrite both records.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
 
 import msgspec
 
 from threefs.common.layout import Layout
 from threefs.meta.paths import encode_name
+from threefs.meta.users import Acl
 from threefs.rpc.schemas.meta import DIRECTORY, FILE, SYMLINK, InodeAttr
 
 __all__ = ["DIRECTORY", "FILE", "SYMLINK"]  # re-exported: the inode types stored here are the wire's
@@ -35,6 +47,8 @@ __all__ = ["DIRECTORY", "FILE", "SYMLINK"]  # re-exported: the inode types store
 INODE_PREFIX = b"INOD"
 DENTRY_PREFIX = b"DENT"
 SESSION_PREFIX = b"SESS"
+CLIENT_PREFIX = b"CLNT"
+IDEM_PREFIX = b"IDEM"
 GC_PREFIX = b"GCQU"
 INODE_COUNTER_KEY = b"IALC"
 CHAIN_COUNTER_PREFIX = b"CALC"
@@ -51,11 +65,12 @@ class Inode(msgspec.Struct, omit_defaults=True):
     mode: int  # permission bits only (no S_IF* type bits)
     uid: int
     gid: int
-    nlink: int  # files: number of dentries; directories: always 1 ("unknown", as btrfs; find must not prune)
+    nlink: int  # files: number of dentries; directories: 1 ("unknown", as btrfs), 0 once handed to GC
     atime_ns: int
     mtime_ns: int
     ctime_ns: int
-    length: int = 0  # files: lazily maintained (grows on close), see research §4 "File length"
+    length: int = 0  # files: lazily maintained (grows on hints and close), see docs/meta.md "File length"
+    truncate_ver: int = 0  # files: bumped by every truncate; length hints from older versions are ignored
     layout: Layout | None = None  # files: their layout; directories: the default for new children
     parent: int = 0  # directories: the parent directory, for '..' and rename's subtree check
     name: bytes = b""  # directories: the name in the parent (raw bytes, may be non-UTF-8), to find the dentry
@@ -63,10 +78,19 @@ class Inode(msgspec.Struct, omit_defaults=True):
 
 
 class Dentry(msgspec.Struct, omit_defaults=True):
-    """A name in a directory: the inode it names, and that inode's type (so walks need not load the inode)."""
+    """A name in a directory: the inode it names, and that inode's type (so walks need not load the inode).
+    For a directory also its mode and owner, so walks can check search permission from the dentry."""
 
     inode: int
     type: int
+    mode: int = 0  # directories only
+    uid: int = 0
+    gid: int = 0
+    creator: bytes = b""  # the request that created the entry (request_token), so its retry is recognised
+
+    @property
+    def acl(self) -> Acl:
+        return Acl(self.mode, self.uid, self.gid)
 
 
 class WriteSession(msgspec.Struct):
@@ -74,24 +98,31 @@ class WriteSession(msgspec.Struct):
 
     client_id: str
     opened_ns: int
+    truncate_ver: int = 0  # the file's truncate version the writer's length hints refer to
 
 
-class GcEntry(msgspec.Struct):
-    """A file with no names left whose chunks the service must remove before `gc_done` drops the inode."""
+class ClientRecord(msgspec.Struct):
+    """When a meta server last heard from a client; sessions of clients silent too long are pruned."""
+
+    last_seen_ns: int
+
+
+class IdemRecord(msgspec.Struct):
+    """The reply a mutation gave, kept so that its retry (same client, same request id) gets it again."""
+
+    created_ns: int
+    reply: bytes  # msgpack of the operation's result
+
+
+class GcEntry(msgspec.Struct, omit_defaults=True):
+    """A file with no names left whose chunks the service must remove before `gc_done` drops the inode, or
+    (type DIRECTORY) a directory tree handed over by a recursive remove, which GC empties entry by entry."""
 
     inode: int
     layout: Layout | None
     length: int
     queued_ns: int
-
-
-class TruncateJob(msgspec.Struct):
-    """Chunks past `new_length` that the service must remove (or cut) on storage after a truncate."""
-
-    inode: int
-    layout: Layout
-    old_length: int
-    new_length: int
+    type: int = FILE
 
 
 # -- keys --------------------------------------------------------------------------------------------------
@@ -135,21 +166,61 @@ def session_range(inode: int) -> tuple[bytes, bytes]:
     return prefix, strinc(prefix)
 
 
-def gc_key(inode: int) -> bytes:
-    return GC_PREFIX + _BE64.pack(inode)
+def session_range_all() -> tuple[bytes, bytes]:
+    return SESSION_PREFIX, strinc(SESSION_PREFIX)
+
+
+def parse_session_key(key: bytes) -> tuple[int, str]:
+    """(inode, session id) of a SESS key."""
+    start = len(SESSION_PREFIX)
+    return _LE64.unpack_from(key, start)[0], key[start + 8:].decode()
+
+
+def gc_key(entry: "GcEntry") -> bytes:
+    """Ordered by queue time, so GC scans stop at the first entry too young to collect. Directory entries
+    are collected at once, and sort first (time 0)."""
+    queued = 0 if entry.type == DIRECTORY else entry.queued_ns
+    return GC_PREFIX + _BE64.pack(queued) + _BE64.pack(entry.inode)
 
 
 def gc_range() -> tuple[bytes, bytes]:
     return GC_PREFIX, strinc(GC_PREFIX)
 
 
+def client_key(client_id: str) -> bytes:
+    raw = client_id.encode()
+    assert 0 < len(raw) < 256, client_id
+    return bytes([len(raw)]) + raw
+
+
+def client_record_key(client_id: str) -> bytes:
+    return CLIENT_PREFIX + client_key(client_id)
+
+
+def client_records_range() -> tuple[bytes, bytes]:
+    return CLIENT_PREFIX, strinc(CLIENT_PREFIX)
+
+
+def client_of_record_key(key: bytes) -> str:
+    size = key[len(CLIENT_PREFIX)]
+    return key[len(CLIENT_PREFIX) + 1:len(CLIENT_PREFIX) + 1 + size].decode()
+
+
+def request_token(client_id: str, request_id: int) -> bytes:
+    """A short fingerprint of one request of one client (3FS keeps a uuid in the dentry for the same end)."""
+    return hashlib.blake2b(client_key(client_id) + _BE64.pack(request_id), digest_size=12).digest()
+
+
+def idem_key(client_id: str, request_id: int) -> bytes:
+    return IDEM_PREFIX + client_key(client_id) + _BE64.pack(request_id)
+
+
+def idem_range() -> tuple[bytes, bytes]:
+    return IDEM_PREFIX, strinc(IDEM_PREFIX)
+
+
 def chain_counter_key(table_id: int, stripe: int) -> bytes:
     return CHAIN_COUNTER_PREFIX + _CHAIN_COUNTER.pack(table_id, stripe)
-
-
-def inode_of_gc_key(key: bytes) -> int:
-    assert key.startswith(GC_PREFIX) and len(key) == len(GC_PREFIX) + 8, key
-    return _BE64.unpack_from(key, len(GC_PREFIX))[0]
 
 
 # -- values ------------------------------------------------------------------------------------------------
@@ -159,6 +230,8 @@ _inode_decoder = msgspec.msgpack.Decoder(Inode)
 _dentry_decoder = msgspec.msgpack.Decoder(Dentry)
 _session_decoder = msgspec.msgpack.Decoder(WriteSession)
 _gc_decoder = msgspec.msgpack.Decoder(GcEntry)
+_client_decoder = msgspec.msgpack.Decoder(ClientRecord)
+_idem_decoder = msgspec.msgpack.Decoder(IdemRecord)
 
 encode = _encoder.encode
 
@@ -177,6 +250,14 @@ def decode_session(raw: bytes) -> WriteSession:
 
 def decode_gc(raw: bytes) -> GcEntry:
     return _gc_decoder.decode(raw)
+
+
+def decode_client(raw: bytes) -> ClientRecord:
+    return _client_decoder.decode(raw)
+
+
+def decode_idem(raw: bytes) -> IdemRecord:
+    return _idem_decoder.decode(raw)
 
 
 def encode_counter(value: int) -> bytes:
@@ -202,4 +283,15 @@ def to_attr(inode_id: int, inode: Inode) -> InodeAttr:
         ctime_ns=inode.ctime_ns,
         layout=inode.layout,
         symlink_target=inode.symlink_target,
+        truncate_ver=inode.truncate_ver,
     )
+
+
+def acl_of(inode: Inode) -> Acl:
+    return Acl(inode.mode, inode.uid, inode.gid)
+
+
+def dir_dentry(inode_id: int, inode: Inode) -> Dentry:
+    """The dentry naming directory `inode` (its acl copied in)."""
+    assert inode.type == DIRECTORY, inode_id
+    return Dentry(inode_id, DIRECTORY, inode.mode, inode.uid, inode.gid)

@@ -1,47 +1,76 @@
-"""The meta service: stateless RPC front of MetaStore, plus the storage side of truncate and GC.
+"""The meta service: stateless RPC front of MetaStore, plus its work on storage (truncate, length, GC).
 
-Any meta server serves any request: all state is in the KV. Chunk removal (O_TRUNC, truncate, GC of
-unlinked files) is done here with the storage client, over every chain of the file's stripe.
+Any meta server serves any request: all state is in the KV, so clients spread their calls and fail over
+freely. Each handler works out who the call acts for (`users.acting_user`: the token's principal, or the
+`user` a privileged principal passes), notes the client as alive, and runs the operation as one KV
+transaction — with the request id, so a retry after a lost reply gets the first reply back.
+
+Operations that remove data on storage do it *before* their metadata transaction, for the file the
+transaction then checks it still is (truncate_ver): a lazy length can then never cover data a truncate
+removed. See docs/meta.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 
 from threefs.client.mgmtd_client import MgmtdClient
 from threefs.client.storage_client import StorageClient
 from threefs.common.config import ServiceConfig
-from threefs.common.ids import chunk_id, inode_chunk_range
-from threefs.common.layout import Layout, chain_of_chunk
 from threefs.common.status import StatusCode, ThreeFSError, status_error
-from threefs.meta.store import MetaStore
+from threefs.meta.background import ClientSessions, GcWorker
+from threefs.meta.data import DEFAULT_TABLE_ID, DataOps, meta_owner
+from threefs.meta.ops_attr import Changes, LengthUpdate
+from threefs.meta.ops_create import Replan
+from threefs.meta.store import Caller, MetaStore, check_client_id
+from threefs.meta.users import acting_user
 from threefs.rpc.schemas import meta as m
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.server import CallContext, rpc
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TABLE_ID = 1
+TRUNCATE_ROUNDS_MAX = 8  # remove-then-commit attempts while other truncates keep changing the file
+NO_FILE = (-1, -1)  # an O_TRUNC plan for a path that named no file
 
 
 class MetaService:
     def __init__(self, config: ServiceConfig, kv, mgmtd: MgmtdClient, storage: StorageClient):
         self.config = config
         self.mgmtd = mgmtd
-        self.storage = storage
         self.store = MetaStore(kv, table_info=self._table_info)
+        self.data = DataOps(self.store, mgmtd, storage)
+        self.gc = GcWorker(self.store, self.data, config.meta_gc_delay_s, self._owns)
+        self.clients = ClientSessions(self.store, self.data, config.client_session_timeout_s)
+        self.known_users: dict[str, m.UserCred] = {}  # principal -> uid/gid, from mgmtd's token list
         self.hb_version = 0
 
-    def _table_info(self) -> tuple[int, int, int]:
+    def _table_info(self, table_id: int) -> tuple[int, int, int]:
         routing = self.mgmtd.routing
-        if routing is None or DEFAULT_TABLE_ID not in routing.info.tables:
-            raise status_error(StatusCode.CHAIN_TABLE_NOT_FOUND,
-                               f"chain table {DEFAULT_TABLE_ID} does not exist yet: the cluster has no "
-                               "storage chains (wait for `threefs up` to finish, see `threefs status`)")
-        table = routing.info.tables[DEFAULT_TABLE_ID]
+        if routing is None or table_id not in routing.info.tables:
+            hint = ("the cluster has no storage chains yet (wait for `threefs up` to finish, see `threefs "
+                    "status`)" if table_id == DEFAULT_TABLE_ID else "create it with `threefs admin "
+                    "create-chain-table`, or give the directory another table")
+            raise status_error(StatusCode.CHAIN_TABLE_NOT_FOUND, f"chain table {table_id} does not exist: "
+                               f"{hint}")
+        table = routing.info.tables[table_id]
         return table.table_id, table.version, len(table.chains)
+
+    def _owns(self):
+        return meta_owner(self.mgmtd.routing, self.config.node_id, ms.META)
+
+    def _is_leader(self) -> bool:
+        """The lowest live meta node id prunes sessions and idempotency records."""
+        return self._owns()(0)
+
+    def set_users(self, entries) -> None:
+        """Install mgmtd's token list (TokenEntry: name, uid, gid) as principal -> user."""
+        from threefs.mgmtd.users import principal_of
+
+        self.known_users = {principal_of(e): m.UserCred(e.uid, e.gid) for e in entries}
 
     async def start(self) -> None:
         await self.register()
@@ -52,6 +81,11 @@ class MetaService:
                              self.config.failure_domain)
         await self.mgmtd.call("register", req, ms.RegisterRsp)
         await self.mgmtd.refresh(force=True)
+
+    def background(self) -> list:
+        """The service's loops, each running for its lifetime."""
+        return [self.heartbeat_loop(), self.gc.run(self.config.gc_interval_s),
+                self.clients.run(self._is_leader)]
 
     async def heartbeat_loop(self) -> None:
         """Runs for the service's lifetime."""
@@ -69,82 +103,167 @@ class MetaService:
                     log.warning("heartbeat failed: %s", e)
             await asyncio.sleep(self.config.heartbeat_interval_s)
 
-    # -- RPC ------------------------------------------------------------------------------------
+    def _caller(self, ctx: CallContext, req) -> Caller:
+        check_client_id(ctx.client_id)
+        self.clients.seen(ctx.client_id)
+        user = acting_user(ctx.principal, getattr(req, "user", None), self.known_users)
+        return Caller(user, ctx.client_id, getattr(req, "request_id", 0))
+
+    # -- lookups ---------------------------------------------------------------------------------
     @rpc(m.StatReq)
     async def stat(self, ctx: CallContext, req: m.StatReq) -> m.StatRsp:
-        return m.StatRsp(await self.store.stat(req.path, req.follow))
+        caller = self._caller(ctx, req)
+        return m.StatRsp(await self.store.stat(req.path, req.follow, parent=req.parent, user=caller.user))
 
-    @rpc(m.MkdirReq)
-    async def mkdir(self, ctx: CallContext, req: m.MkdirReq) -> m.AttrRsp:
-        return m.AttrRsp(await self.store.mkdir(req.path, req.mode, req.parents, req.chunk_size, req.stripe))
-
-    @rpc(m.OpenReq)
-    async def open(self, ctx: CallContext, req: m.OpenReq) -> m.OpenRsp:
-        rsp, job = await self.store.open(req.path, req.flags, req.mode, req.chunk_size, req.stripe,
-                                         ctx.client_id)
-        if job is not None:
-            await self.remove_chunks(job.inode, job.layout, job.new_length)
-        return rsp
-
-    @rpc(m.CloseReq)
-    async def close(self, ctx: CallContext, req: m.CloseReq) -> m.AttrRsp:
-        return m.AttrRsp(await self.store.close(req.inode, req.session, req.length_hint, ctx.client_id))
-
-    @rpc(m.TruncateReq)
-    async def truncate(self, ctx: CallContext, req: m.TruncateReq) -> m.AttrRsp:
-        if req.length < 0:
-            raise status_error(StatusCode.INVALID_ARGUMENT, f"negative length {req.length}")
-        attr, job = await self.store.truncate(req.path, req.length)
-        if job is not None:
-            await self.remove_chunks(job.inode, job.layout, job.new_length)
-        return m.AttrRsp(attr)
+    @rpc(m.BatchStatReq)
+    async def batch_stat(self, ctx: CallContext, req: m.BatchStatReq) -> m.BatchStatRsp:
+        caller = self._caller(ctx, req)
+        items = [(i.parent, i.path) for i in req.items]
+        results = await self.store.batch_stat(items, req.follow, caller.user)
+        ok = [r if isinstance(r, m.InodeAttr) else None for r in results]
+        codes = [0 if isinstance(r, m.InodeAttr) else int(r.code) for r in results]
+        return m.BatchStatRsp(ok, codes, ["" if isinstance(r, m.InodeAttr) else r.message for r in results])
 
     @rpc(m.ReaddirReq)
     async def readdir(self, ctx: CallContext, req: m.ReaddirReq) -> m.ReaddirRsp:
-        entries, more = await self.store.readdir(req.path, req.start_after, req.limit)
+        caller = self._caller(ctx, req)
+        entries, more = await self.store.readdir(req.path, req.start_after, req.limit, parent=req.parent,
+                                                 user=caller.user)
         return m.ReaddirRsp(entries, more)
 
+    @rpc(m.StatReq)
+    async def readlink(self, ctx: CallContext, req: m.StatReq) -> m.ReadlinkRsp:
+        caller = self._caller(ctx, req)
+        return m.ReadlinkRsp(await self.store.readlink(req.path, parent=req.parent, user=caller.user))
+
+    @rpc(m.StatfsReq)
+    async def statfs(self, ctx: CallContext, req: m.StatfsReq) -> m.StatfsRsp:
+        self._caller(ctx, req)
+        return await self.data.statfs()
+
+    @rpc(m.KeepaliveReq)
+    async def keepalive(self, ctx: CallContext, req: m.KeepaliveReq) -> m.OkRsp:
+        self._caller(ctx, req)
+        return m.OkRsp()
+
+    # -- creating ----------------------------------------------------------------------------------
+    @rpc(m.MkdirReq)
+    async def mkdir(self, ctx: CallContext, req: m.MkdirReq) -> m.AttrRsp:
+        caller = self._caller(ctx, req)
+        return m.AttrRsp(await self.store.mkdir(req.path, req.mode, req.parents, req.chunk_size, req.stripe,
+                                                parent=req.parent, caller=caller))
+
+    @rpc(m.OpenReq)
+    async def open(self, ctx: CallContext, req: m.OpenReq) -> m.OpenRsp:
+        caller = self._caller(ctx, req)
+        writing = req.flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
+        stamp = writing and self.clients.needs_stamp(ctx.client_id)
+        if req.flags & os.O_TRUNC:
+            rsp = await self._open_truncating(req, caller, stamp)
+        else:
+            rsp = await self.store.open(req.path, req.flags, req.mode, req.chunk_size, req.stripe,
+                                        parent=req.parent, caller=caller, stamp_client=stamp)
+        if req.flags & os.O_APPEND and rsp.attr.type == m.FILE:  # appends start at the true end
+            rsp.attr = await self.data.sync_exact(rsp.attr.inode, "", LengthUpdate(), "", end_session=False)
+        return rsp
+
+    async def _open_truncating(self, req: m.OpenReq, caller: Caller, stamp: bool) -> m.OpenRsp:
+        """O_TRUNC: remove the file's chunks first, then truncate in the open's transaction, for the same
+        file and truncate version (else again)."""
+        for _ in range(TRUNCATE_ROUNDS_MAX):
+            try:
+                plan = await self.store.truncate_plan(req.path, 0, parent=req.parent, user=caller.user)
+            except ThreeFSError:
+                plan = None  # no file to truncate (or none we may): the open itself says what is wrong
+            if plan is not None and plan.needs_job(0):
+                await self.data.remove_from(plan.inode, plan.layout, 0)
+            try:
+                return await self.store.open(req.path, req.flags, req.mode, req.chunk_size, req.stripe,
+                                             parent=req.parent, caller=caller,
+                                             trunc_plan=plan.key if plan is not None else NO_FILE,
+                                             stamp_client=stamp)
+            except Replan:
+                continue
+        raise status_error(StatusCode.BUSY, f"{req.path} kept changing while it was opened with O_TRUNC; "
+                           "try again")
+
+    @rpc(m.SymlinkReq)
+    async def symlink(self, ctx: CallContext, req: m.SymlinkReq) -> m.AttrRsp:
+        caller = self._caller(ctx, req)
+        return m.AttrRsp(await self.store.symlink(req.path, req.target, parent=req.parent, caller=caller))
+
+    @rpc(m.LinkReq)
+    async def link(self, ctx: CallContext, req: m.LinkReq) -> m.AttrRsp:
+        caller = self._caller(ctx, req)
+        return m.AttrRsp(await self.store.link(req.src, req.dst, src_parent=req.src_parent,
+                                               dst_parent=req.dst_parent, caller=caller))
+
+    # -- removing and moving -------------------------------------------------------------------------
     @rpc(m.PathReq)
     async def unlink(self, ctx: CallContext, req: m.PathReq) -> m.OkRsp:
-        await self.store.unlink(req.path)
+        await self.store.unlink(req.path, parent=req.parent, caller=self._caller(ctx, req))
         return m.OkRsp()
 
     @rpc(m.PathReq)
     async def rmdir(self, ctx: CallContext, req: m.PathReq) -> m.OkRsp:
-        await self.store.rmdir(req.path)
+        await self.store.rmdir(req.path, parent=req.parent, caller=self._caller(ctx, req))
+        return m.OkRsp()
+
+    @rpc(m.RemoveReq)
+    async def remove(self, ctx: CallContext, req: m.RemoveReq) -> m.OkRsp:
+        await self.store.remove(req.path, req.recursive, parent=req.parent, caller=self._caller(ctx, req))
         return m.OkRsp()
 
     @rpc(m.RenameReq)
     async def rename(self, ctx: CallContext, req: m.RenameReq) -> m.OkRsp:
-        await self.store.rename(req.src, req.dst, req.noreplace)
+        await self.store.rename(req.src, req.dst, req.noreplace, src_parent=req.src_parent,
+                                dst_parent=req.dst_parent, caller=self._caller(ctx, req))
         return m.OkRsp()
 
-    # -- chunk removal ---------------------------------------------------------------------------
-    async def remove_chunks(self, inode: int, layout: Layout, new_length: int) -> None:
-        """Drop file data past new_length on every chain of the file's stripe."""
-        routing = await self.mgmtd.get()
-        table = routing.table(layout.table_id).chains
-        cs = layout.chunk_size
-        first_removed = -(-new_length // cs)  # chunks wholly past the new end
-        chains = sorted({chain_of_chunk(layout, i, table) for i in range(layout.stripe)})
-        _, end = inode_chunk_range(inode)
-        begin = chunk_id(inode, first_removed)
-        await asyncio.gather(*(self.storage.remove_range(c, begin, end, cs) for c in chains))
-        if new_length % cs:
-            index = new_length // cs
-            await self.storage.truncate_chunk(chain_of_chunk(layout, index, table), chunk_id(inode, index),
-                                              new_length % cs, cs)
+    # -- attributes and length -------------------------------------------------------------------------
+    @rpc(m.SetattrReq)
+    async def setattr(self, ctx: CallContext, req: m.SetattrReq) -> m.AttrRsp:
+        caller = self._caller(ctx, req)
+        changes = Changes(req.mode, req.uid, req.gid, req.atime_ns, req.mtime_ns, req.chunk_size, req.stripe,
+                          req.table_id)
+        attr = None
+        if req.length is not None:
+            attr = await self._truncate(req.path, req.parent, req.length, caller)
+        if any(v is not None for v in changes) or attr is None:
+            attr = await self.store.setattr(req.path, changes, req.follow, parent=req.parent, caller=caller)
+        return m.AttrRsp(attr)
 
-    async def gc_loop(self) -> None:
-        """Remove the chunks of unlinked files, then forget them. Runs for the service's lifetime."""
-        while True:
+    @rpc(m.TruncateReq)
+    async def truncate(self, ctx: CallContext, req: m.TruncateReq) -> m.AttrRsp:
+        return m.AttrRsp(await self._truncate(req.path, req.parent, req.length, self._caller(ctx, req)))
+
+    async def _truncate(self, path: str, parent: int, length: int, caller: Caller) -> m.InodeAttr:
+        """Remove the chunks past `length` (when the file shrinks or has writers), then set the length,
+        for the same file and truncate version as the removal (else again)."""
+        for _ in range(TRUNCATE_ROUNDS_MAX):
+            plan = await self.store.truncate_plan(path, length, parent=parent, user=caller.user)
+            if plan.needs_job(length):
+                await self.data.remove_from(plan.inode, plan.layout, length)
             try:
-                for entry in await self.store.gc_pending(32):
-                    if entry.layout is not None:
-                        await self.remove_chunks(entry.inode, entry.layout, 0)
-                    await self.store.gc_done(entry.inode)
-            except ThreeFSError as e:
-                log.warning("GC pass failed (will retry): %s", e)
-            except Exception:
-                log.exception("GC pass failed (will retry)")
-            await asyncio.sleep(self.config.gc_interval_s)
+                return await self.store.truncate(path, length, parent=parent, user=caller.user, plan=plan.key)
+            except Replan:
+                continue
+        raise status_error(StatusCode.BUSY, f"{path} kept changing while it was truncated; try again")
+
+    @rpc(m.CloseReq)
+    async def close(self, ctx: CallContext, req: m.CloseReq) -> m.AttrRsp:
+        """End a write session; if the writer wrote, the length is measured on storage."""
+        self._caller(ctx, req)
+        update = LengthUpdate(req.length_hint)
+        if req.length_hint < 0:
+            return m.AttrRsp(await self.store.sync(req.inode, req.session, update, ctx.client_id, True))
+        return m.AttrRsp(await self.data.sync_exact(req.inode, req.session, update, ctx.client_id, True))
+
+    @rpc(m.SyncReq)
+    async def sync(self, ctx: CallContext, req: m.SyncReq) -> m.AttrRsp:
+        """A writer's periodic length hint (lazy), or fsync (exact, from storage)."""
+        self._caller(ctx, req)
+        update = LengthUpdate(req.length_hint, req.truncate_ver)
+        if not req.exact:
+            return m.AttrRsp(await self.store.sync(req.inode, req.session, update, ctx.client_id))
+        return m.AttrRsp(await self.data.sync_exact(req.inode, req.session, update, ctx.client_id, False))

@@ -1,35 +1,31 @@
-"""The chain / target state machine (3FS `updateChain.cc::generateNewChain`), as a pure function.
+"""The chain / target state machine (3FS `updateChain.cc::generateNewChain`), as data plus a tiny interpreter.
 
-Everything that decides a target's public state lives in this file: mgmtd's service only feeds it the
-chain and the local states reported by heartbeats, and persists what comes out. No IO, no clock.
+Everything that decides a target's public state lives in this file (h11's rule): mgmtd's service only feeds
+it the chain and the local states reported by heartbeats, and persists what comes out. No IO, no clock.
 
-Public states: SERVING (read + write), SYNCING (write only, catching up), WAITING, LASTSRV, OFFLINE.
-Local states (reported by the storage service): UPTODATE, ONLINE, OFFLINE ("alive" = ONLINE|UPTODATE).
+Public states: SERVING (read + write), LASTSRV (was the last SERVING, holds the newest data), SYNCING (write
+only, catching up), WAITING, OFFLINE. Local states (reported by the storage service that hosts the target):
+UPTODATE, ONLINE, OFFLINE; "alive" = ONLINE or UPTODATE.
 
-| current   | local state / chain condition                         | new       |
-|-----------|-------------------------------------------------------|-----------|
-| SERVING   | alive                                                 | SERVING   |
-| SERVING   | dead, no other target stays SERVING, first such one   | LASTSRV   |
-| SERVING   | dead, otherwise                                       | OFFLINE   |
-| LASTSRV   | another target is SERVING                             | OFFLINE   |
-| LASTSRV   | alive (it holds the newest data), none SERVING        | SERVING   |
-| LASTSRV   | dead, none SERVING                                    | LASTSRV   |
-| SYNCING   | UPTODATE (sync done)                                  | SERVING   |
-| SYNCING   | ONLINE, some target SERVING                           | SYNCING   |
-| SYNCING   | ONLINE, none SERVING                                  | WAITING   |
-| SYNCING   | dead                                                  | OFFLINE   |
-| WAITING / OFFLINE | alive, some SERVING, none SYNCING (first such)| SYNCING   |
-| WAITING / OFFLINE | alive, otherwise                              | WAITING   |
-| WAITING / OFFLINE | dead                                          | OFFLINE   |
+One pass (`next_chain`) visits the targets grouped by their current public state, in the order SERVING,
+LASTSRV, SYNCING, WAITING, OFFLINE (chain order inside a group), and gives each the first new state of its
+`TRANSITIONS` row whose condition holds *on the chain built so far in this pass*. Then one joint rule: if the
+new chain has a SERVING target, every LASTSRV becomes OFFLINE (appended at the very end). The new chain is
+ordered SERVING < LASTSRV < SYNCING < WAITING < OFFLINE, each group in the order its targets were decided;
+its version is bumped iff anything (a state or the order) changed. At most one target per chain is SYNCING.
 
-After each pass the chain is ordered SERVING < LASTSRV < SYNCING < WAITING < OFFLINE (stable), and the
-chain version is bumped when anything changed. At most one target per chain is SYNCING.
+Admin overrides (3FS `admin_cli`): `rotate_lastsrv` gives up on a LASTSRV head that will not come back.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
+
 from threefs.rpc.schemas.mgmtd import (
     LASTSRV,
+    LOCAL_OFFLINE,
+    LOCAL_STATES,
     OFFLINE,
     ONLINE,
     PUBLIC_STATES,
@@ -41,74 +37,132 @@ from threefs.rpc.schemas.mgmtd import (
     ChainTarget,
 )
 
-_ORDER = {state: i for i, state in enumerate(PUBLIC_STATES)}
+# A condition looks at the new states given so far in this pass: {public state: [target ids]}.
+Condition = Callable[[Mapping[str, list[int]]], bool]
 
 
-def _alive(local: str) -> bool:
-    return local in (ONLINE, UPTODATE)
+def ALWAYS(new: Mapping[str, list[int]]) -> bool:
+    return True
 
 
-def _pass_serving(targets: list[ChainTarget], local: dict[int, str]) -> dict[int, str]:
-    """New states of the SERVING and LASTSRV targets (they decide whether the chain has a server)."""
-    new: dict[int, str] = {}
-    serving_alive = [t.target_id for t in targets if t.public_state == SERVING and _alive(local[t.target_id])]
-    lastsrv_given = any(t.public_state == LASTSRV for t in targets)
-    for t in targets:
-        alive = _alive(local[t.target_id])
-        if t.public_state == SERVING:
-            if alive:
-                new[t.target_id] = SERVING
-            elif not serving_alive and not lastsrv_given:
-                new[t.target_id] = LASTSRV
-                lastsrv_given = True
-            else:
-                new[t.target_id] = OFFLINE
-        elif t.public_state == LASTSRV:
-            if serving_alive:
-                new[t.target_id] = OFFLINE
-            else:
-                new[t.target_id] = SERVING if alive else LASTSRV
-    return new
+def NO_LASTSRV_YET(new: Mapping[str, list[int]]) -> bool:
+    """Only the first SERVING target that dies becomes LASTSRV (the chain then waits for it)."""
+    return not new[LASTSRV]
 
 
-def _pass_others(targets: list[ChainTarget], local: dict[int, str], new: dict[int, str]) -> None:
-    some_serving = SERVING in new.values()
-    syncing_taken = any(
-        t.public_state == SYNCING and local[t.target_id] == ONLINE and some_serving for t in targets
-    )
-    for t in targets:
-        if t.target_id in new:
-            continue
-        state = local[t.target_id]
-        if t.public_state == SYNCING:
-            if state == UPTODATE:
-                new[t.target_id] = SERVING
-            elif state == ONLINE:
-                new[t.target_id] = SYNCING if some_serving else WAITING
-            else:
-                new[t.target_id] = OFFLINE
-        elif _alive(state) and some_serving and not syncing_taken:
-            new[t.target_id] = SYNCING
-            syncing_taken = True
-        else:
-            new[t.target_id] = WAITING if _alive(state) else OFFLINE
+def NO_SERVING(new: Mapping[str, list[int]]) -> bool:
+    return not new[SERVING]
 
 
-def next_chain(chain: ChainInfo, local_states: dict[int, str]) -> ChainInfo:
-    """One pass of the state machine over a chain. Returns the same object when nothing changed."""
-    local = {t.target_id: local_states.get(t.target_id, OFFLINE) for t in chain.targets}
-    new = _pass_serving(chain.targets, local)
-    _pass_others(chain.targets, local, new)
-    assert len(new) == len(chain.targets)
-    targets = [ChainTarget(t.target_id, new[t.target_id]) for t in chain.targets]
-    targets.sort(key=lambda t: _ORDER[t.public_state])  # stable: keeps the order inside a state
+def HAS_SERVING(new: Mapping[str, list[int]]) -> bool:
+    return bool(new[SERVING])
+
+
+def HAS_SERVING_NO_SYNCING(new: Mapping[str, list[int]]) -> bool:
+    """A target may start syncing only from a SERVING predecessor, and only one at a time."""
+    return bool(new[SERVING]) and not new[SYNCING]
+
+
+_WAITING_OR_OFFLINE = {
+    ONLINE: ((HAS_SERVING_NO_SYNCING, SYNCING), (ALWAYS, WAITING)),
+    UPTODATE: ((ALWAYS, WAITING),),  # claims to be up to date while not serving: never trusted directly
+    LOCAL_OFFLINE: ((ALWAYS, OFFLINE),),
+}
+
+# (current public state, local state) -> ((condition, new public state), ...): the first that holds wins.
+TRANSITIONS: dict[tuple[str, str], tuple[tuple[Condition, str], ...]] = {
+    (SERVING, UPTODATE): ((ALWAYS, SERVING),),
+    (SERVING, ONLINE): ((ALWAYS, SERVING),),
+    (SERVING, LOCAL_OFFLINE): ((NO_LASTSRV_YET, LASTSRV), (ALWAYS, OFFLINE)),
+    (LASTSRV, UPTODATE): ((NO_SERVING, SERVING), (ALWAYS, OFFLINE)),
+    (LASTSRV, ONLINE): ((NO_SERVING, SERVING), (ALWAYS, OFFLINE)),
+    (LASTSRV, LOCAL_OFFLINE): ((NO_SERVING, LASTSRV), (ALWAYS, OFFLINE)),
+    (SYNCING, UPTODATE): ((ALWAYS, SERVING),),  # sync done
+    (SYNCING, ONLINE): ((HAS_SERVING, SYNCING), (ALWAYS, WAITING)),
+    (SYNCING, LOCAL_OFFLINE): ((ALWAYS, OFFLINE),),
+    **{(WAITING, local): rule for local, rule in _WAITING_OR_OFFLINE.items()},
+    **{(OFFLINE, local): rule for local, rule in _WAITING_OR_OFFLINE.items()},
+}
+assert set(TRANSITIONS) == {(p, loc) for p in PUBLIC_STATES for loc in LOCAL_STATES}
+
+ORDER = {state: i for i, state in enumerate(PUBLIC_STATES)}
+
+
+class Step(NamedTuple):
+    """One decision of a pass: target, its state before, its local state, the rule taken, the result."""
+
+    target_id: int
+    public: str
+    local: str
+    rule_index: int
+    new: str
+
+
+class TransitionError(ValueError):
+    """A state the table does not know (a programming error upstream, never a runtime condition)."""
+
+
+def decide(public: str, local: str, new: Mapping[str, list[int]]) -> tuple[int, str]:
+    """(index of the winning rule in the target's TRANSITIONS row, new public state) for one target,
+    given what the earlier targets of this pass became."""
+    rule = TRANSITIONS.get((public, local))
+    if rule is None:
+        raise TransitionError(f"no transition for public state {public!r} with local state {local!r}")
+    for index, (condition, state) in enumerate(rule):
+        if condition(new):
+            return index, state
+    raise AssertionError(f"rule for ({public}, {local}) has no fallback")  # every row ends with ALWAYS
+
+
+def next_chain(chain: ChainInfo, local_states: Mapping[int, str], trace: list | None = None) -> ChainInfo:
+    """One pass of the state machine over a chain. Returns `chain` itself when nothing changed.
+
+    `local_states` maps target id -> local state; a target missing from it counts as OFFLINE. `trace`, if
+    given, receives one `Step` per decision (the joint rule's as rule index -1), for logs and tests.
+    """
+    new: dict[str, list[int]] = {state: [] for state in PUBLIC_STATES}
+    for group in PUBLIC_STATES:
+        for t in chain.targets:
+            if t.public_state == group:
+                local = local_states.get(t.target_id, LOCAL_OFFLINE)
+                index, state = decide(t.public_state, local, new)
+                new[state].append(t.target_id)
+                if trace is not None:
+                    trace.append(Step(t.target_id, t.public_state, local, index, state))
+    if new[SERVING] and new[LASTSRV]:  # joint rule: a LASTSRV is only kept while nothing serves
+        if trace is not None:
+            trace.extend(Step(tid, LASTSRV, "", -1, OFFLINE) for tid in new[LASTSRV])
+        new[OFFLINE].extend(new[LASTSRV])
+        new[LASTSRV] = []
+    targets = [ChainTarget(tid, state) for state in PUBLIC_STATES for tid in new[state]]
+    if len(targets) != len(chain.targets):
+        raise TransitionError(f"chain {chain.chain_id} has a target in an unknown public state: "
+                              f"{[t.public_state for t in chain.targets]}")
     if targets == chain.targets:
         return chain
-    assert sum(t.public_state == SYNCING for t in targets) <= 1
+    assert len(new[SYNCING]) <= 1 and not (new[SERVING] and new[LASTSRV])
+    return ChainInfo(chain.chain_id, chain.version + 1, targets)
+
+
+def rotate_lastsrv(chain: ChainInfo) -> ChainInfo:
+    """Admin override (3FS `rotate-lastsrv`): the LASTSRV head is not coming back; try the next target.
+
+    The head moves to the end as OFFLINE, the next target becomes LASTSRV (it turns SERVING as soon as
+    it is alive) and the others OFFLINE (they resync from it). Writes acknowledged only by the old head
+    are lost: this is the operator's explicit choice. Raises TransitionError when it does not apply.
+    """
+    if len(chain.targets) < 2 or chain.targets[0].public_state != LASTSRV:
+        raise TransitionError(f"chain {chain.chain_id} has no LASTSRV head to rotate "
+                              f"({', '.join(f'{t.target_id}:{t.public_state}' for t in chain.targets)})")
+    rest = chain.targets[1:]
+    targets = ([ChainTarget(rest[0].target_id, LASTSRV)]
+               + [ChainTarget(t.target_id, OFFLINE) for t in rest[1:]]
+               + [ChainTarget(chain.targets[0].target_id, OFFLINE)])
     return ChainInfo(chain.chain_id, chain.version + 1, targets)
 
 
 def serving_targets(chain: ChainInfo) -> list[int]:
+    """The targets a read may go to."""
     return [t.target_id for t in chain.targets if t.public_state == SERVING]
 
 

@@ -1,4 +1,11 @@
-"""mgmtd: membership, heartbeats, versioned routing info, chain tables, the chain state machine."""
+"""mgmtd: membership, heartbeats, versioned routing info, chain tables, the chain state machine, HA.
+
+Several mgmtd share one KV. Each runs a lease pass every `mgmtd_lease_renew_s` (`MgmtdStore.renew_lease`):
+the holder extends the lease, anyone takes an expired one. Only the primary serves; a standby answers
+NOT_PRIMARY naming the primary, and every mutation re-checks the lease inside its own transaction
+(`_guard`), so a deposed primary can never write. A new primary reloads everything from the KV, publishes a
+new routing version and, for one heartbeat timeout (bootstrapping), judges nobody dead.
+"""
 
 from __future__ import annotations
 
@@ -8,174 +15,272 @@ import logging
 import time
 
 from threefs.common.config import ServiceConfig
-from threefs.common.ids import target_id as make_target_id  # noqa: F401  (documented numbering)
-from threefs.common.status import StatusCode, status_error
+from threefs.common.status import StatusCode, ThreeFSError, status_error
+from threefs.kv import Transaction
 from threefs.mgmtd.chain_state import next_chain
-from threefs.mgmtd.store import MgmtdStore
+from threefs.mgmtd.store import MgmtdStore, read_lease
+from threefs.mgmtd.users import TokenAuthenticator, require_cluster, token_entries
 from threefs.rpc.schemas import mgmtd as s
+from threefs.rpc.schemas.common import Empty
 from threefs.rpc.server import CallContext, rpc
 
 log = logging.getLogger(__name__)
 
+PRIMARY, STANDBY = "primary", "standby"
+SYNC_REPORT_TTL_HEARTBEATS = 3  # a resync not reported for this many heartbeat intervals is over
+
 
 class MgmtdService:
-    def __init__(self, config: ServiceConfig, store: MgmtdStore, clock=time.monotonic):
+    def __init__(self, config: ServiceConfig, store: MgmtdStore, *, auth: TokenAuthenticator | None = None,
+                 clock=time.monotonic, wall_ns=time.time_ns):
         self.config = config
         self.store = store
-        self.clock = clock
+        self.clock = clock  # heartbeat ages (this process only)
+        self.wall_ns = wall_ns  # the lease: shared by processes, so wall clock (one host, or NTP)
+        self.role = STANDBY
+        self.lease: s.MgmtdLease | None = None
         self.routing: s.RoutingInfo | None = None
         self.last_heartbeat: dict[int, float] = {}  # node id -> clock()
         self.local_states: dict[int, str] = {}  # target id -> local state from heartbeats
-        self.started_at = clock()
+        self.synced: set[int] = set()  # targets whose resync finished, until they are SERVING
+        self.syncs: dict[int, tuple[float, list[s.SyncProgress]]] = {}  # node id -> (clock, its resyncs)
+        self.primary_since = clock()
+        self.primary_since_ns = 0
+        self.auth = auth if auth is not None else TokenAuthenticator("")
+        self.auth.reload = self._reload_tokens  # a token issued by another mgmtd a moment ago
         self._lock = asyncio.Lock()  # serialises mutations (one writer of the routing info)
 
+    # -- HA ------------------------------------------------------------------------------------------
+    @property
+    def me(self) -> s.MgmtdMember:
+        return s.MgmtdMember(self.config.node_id, self.config.addr, 0)
+
     async def start(self) -> None:
-        self.routing = await self.store.load()
-        self.routing.version += 1  # a new primary always publishes a new version
-        self.routing.bootstrapping = True
-        await self.store.save([], self.routing.version)
-        log.info("mgmtd loaded routing v%d: %d nodes, %d chains", self.routing.version,
-                 len(self.routing.nodes), len(self.routing.chains))
+        """First lease pass: become primary now if nobody holds the lease."""
+        await self._reload_tokens()
+        try:
+            await self.lease_pass()
+        except ThreeFSError as e:
+            log.warning("first lease pass failed (will retry): %s", e)
+
+    async def lease_pass(self) -> None:
+        lease, token_version = await self.store.renew_lease(self.me, int(self.config.mgmtd_lease_s * 1e9),
+                                                            self.wall_ns)
+        self.lease = lease
+        mine = lease.primary_id == self.config.node_id
+        if mine and self.role != PRIMARY:
+            await self._become_primary()
+        elif not mine and self.role == PRIMARY:
+            self._step_down(f"mgmtd {lease.primary_id} at {lease.primary_addr} holds the lease")
+        if token_version != self.auth.version:
+            await self._reload_tokens()
+
+    async def lease_loop(self) -> None:
+        """Runs for the service's lifetime; a KV outage past the lease demotes us."""
+        while True:
+            await asyncio.sleep(self.config.mgmtd_lease_renew_s)
+            try:
+                await self.lease_pass()
+            except Exception as e:  # a KV outage, or a bug: keep trying; never keep a lapsed lease
+                if isinstance(e, ThreeFSError):
+                    log.warning("lease pass failed: %s", e)
+                else:
+                    log.exception("lease pass failed")
+                if self.role == PRIMARY and not self._lease_valid():
+                    self._step_down("could not renew the lease before it ended")
+
+    async def release(self) -> None:
+        """Clean shutdown: give the lease up so a standby takes over at its next pass."""
+        if self.role == PRIMARY:
+            self.role = STANDBY
+            try:
+                await self.store.release_lease(self.config.node_id, self.wall_ns())
+            except ThreeFSError as e:
+                log.warning("could not release the lease (it will expire): %s", e)
+
+    async def _become_primary(self) -> None:
+        async with self._lock:
+            routing = await self.store.load()
+            routing.version += 1  # a new primary always publishes a new version
+            routing.primary_addr = self.config.addr
+            await self.store.save([], routing.version, self._guard)
+            self.routing = routing
+            self.last_heartbeat.clear()
+            self.local_states.clear()
+            self.synced.clear()
+            self.syncs.clear()
+            self.primary_since, self.primary_since_ns = self.clock(), self.wall_ns()
+            self.role = PRIMARY
+        log.warning("mgmtd %d is primary: routing v%d, %d nodes, %d chains (bootstrapping %.1f s)",
+                    self.config.node_id, routing.version, len(routing.nodes), len(routing.chains),
+                    self.config.heartbeat_timeout_s)
+
+    def _step_down(self, why: str) -> None:
+        self.role = STANDBY  # `routing` stays for handlers still running; `_check_primary` refuses new ones
+        log.warning("mgmtd %d is no longer primary: %s", self.config.node_id, why)
+
+    def _lease_valid(self) -> bool:
+        lease = self.lease
+        return (lease is not None and lease.primary_id == self.config.node_id
+                and self.wall_ns() < lease.lease_end_ns)
+
+    def primary_addr(self) -> str:
+        lease = self.lease
+        if lease is None or lease.lease_end_ns <= self.wall_ns():
+            return ""
+        return lease.primary_addr
+
+    def _check_primary(self) -> s.RoutingInfo:
+        if self.role == PRIMARY and self._lease_valid() and self.routing is not None:
+            return self.routing
+        raise status_error(StatusCode.NOT_PRIMARY, s.not_primary_message(self.config.addr, self.primary_addr()))
+
+    async def _guard(self, tr: Transaction) -> None:
+        """Inside every mutation's transaction: we still hold the lease (conflict-tracked read)."""
+        lease = await read_lease(tr)
+        if lease is None or lease.primary_id != self.config.node_id or lease.lease_end_ns <= self.wall_ns():
+            raise status_error(StatusCode.NOT_PRIMARY, s.not_primary_message(
+                self.config.addr, lease.primary_addr if lease else ""))
 
     @property
     def bootstrapping(self) -> bool:
         """A new primary waits one heartbeat timeout before judging anyone dead (3FS: 2 min)."""
-        return self.clock() - self.started_at < self.config.heartbeat_timeout_s
+        return self.clock() - self.primary_since < self.config.heartbeat_timeout_s
 
-    async def _commit(self, objects: list) -> None:
-        """Persist changed objects under a new routing version, then publish them."""
-        version = self.routing.version + 1
-        await self.store.save(objects, version)
+    # -- tokens --------------------------------------------------------------------------------------
+    async def _reload_tokens(self) -> None:
+        version, users = await self.store.users()
+        self.auth.update(version, token_entries(users))
+
+    # -- mutations -----------------------------------------------------------------------------------
+    async def commit(self, objects: list, users: list[s.UserInfo] | None = None) -> None:
+        """Persist changed objects under a new routing version (lease re-checked), then publish them."""
+        routing = self._check_primary()
+        version = routing.version + 1
+        await self.store.save(objects, version, self._guard, users)
         for obj in objects:
-            table = {s.NodeInfo: self.routing.nodes, s.TargetInfo: self.routing.targets,
-                     s.ChainInfo: self.routing.chains, s.ChainTable: self.routing.tables}[type(obj)]
+            table = {s.NodeInfo: routing.nodes, s.TargetInfo: routing.targets,
+                     s.ChainInfo: routing.chains, s.ChainTable: routing.tables}[type(obj)]
             key = {s.NodeInfo: "node_id", s.TargetInfo: "target_id", s.ChainInfo: "chain_id",
                    s.ChainTable: "table_id"}[type(obj)]
             table[getattr(obj, key)] = obj
-        self.routing.version = version
+        if users:
+            routing.token_version += 1
+        routing.version = version
 
-    # -- RPC ------------------------------------------------------------------------------------
+    # -- RPC: membership -----------------------------------------------------------------------------
+    @rpc(Empty)
+    async def get_primary(self, ctx: CallContext, req: Empty) -> s.PrimaryRsp:
+        """Answered by every mgmtd: who am I, who is primary."""
+        lease = self.lease
+        primary = self.role == PRIMARY and self._lease_valid()
+        return s.PrimaryRsp(self.config.node_id, self.config.addr, primary,
+                            lease.primary_id if lease else 0, self.primary_addr(),
+                            lease.lease_end_ns if lease else 0)
+
     @rpc(s.RegisterReq)
     async def register(self, ctx: CallContext, req: s.RegisterReq) -> s.RegisterRsp:
+        require_cluster(ctx.principal, "registering a service")
         if req.type not in (s.MGMTD, s.META, s.STORAGE):
             raise status_error(StatusCode.INVALID_ARGUMENT, f"unknown node type {req.type!r}")
         async with self._lock:
+            routing = self._check_primary()
             node = s.NodeInfo(req.node_id, req.type, req.addr, req.hostname,
                               req.failure_domain or f"{req.hostname}/{req.node_id}", True, time.time_ns())
-            changed = [node] if self.routing.nodes.get(req.node_id) != node else []
+            changed = [node] if routing.nodes.get(req.node_id) != node else []
             for tid in req.targets:
-                old = self.routing.targets.get(tid)
+                old = routing.targets.get(tid)
                 if old is not None and old.node_id != req.node_id:
                     raise status_error(StatusCode.INVALID_ARGUMENT,
                                        f"target {tid} belongs to node {old.node_id}, not {req.node_id}")
                 if old is None:
                     changed.append(s.TargetInfo(tid, req.node_id))
             if changed:
-                await self._commit(changed)
+                await self.commit(changed)
             self.last_heartbeat[req.node_id] = self.clock()
         log.info("registered %s node %d at %s", req.type, req.node_id, req.addr)
-        return s.RegisterRsp(self.routing.version)
+        return s.RegisterRsp(routing.version)
 
     @rpc(s.HeartbeatReq)
     async def heartbeat(self, ctx: CallContext, req: s.HeartbeatReq) -> s.HeartbeatRsp:
-        node = self.routing.nodes.get(req.node_id)
+        require_cluster(ctx.principal, "heartbeats")
+        routing = self._check_primary()
+        node = routing.nodes.get(req.node_id)
         if node is None:
             raise status_error(StatusCode.NODE_NOT_FOUND, f"node {req.node_id} is not registered")
-        if req.hb_version < node.hb_version:
-            raise status_error(StatusCode.INVALID_ARGUMENT,
-                               f"heartbeat version {req.hb_version} < {node.hb_version}")
+        if req.hb_version <= node.hb_version:  # reordered or duplicated: older news than we have
+            return s.HeartbeatRsp(routing.version)
+        for t in req.targets:
+            if t.local_state not in s.LOCAL_STATES:
+                raise status_error(StatusCode.INVALID_ARGUMENT, f"target {t.target_id}: unknown local "
+                                   f"state {t.local_state!r} (one of {', '.join(s.LOCAL_STATES)})")
         self.last_heartbeat[req.node_id] = self.clock()
         node.hb_version = req.hb_version
         node.last_heartbeat_ns = time.time_ns()
-        for t in req.targets:
-            info = self.routing.targets.get(t.target_id)
-            if info is not None and info.node_id == req.node_id:
-                self.local_states[t.target_id] = t.local_state
-                info.local_state, info.used_bytes = t.local_state, t.used_bytes
+        self._record_targets(req)
         if not node.alive:
             async with self._lock:
                 revived = copy.copy(node)
                 revived.alive = True
-                await self._commit([revived])
-            log.info("node %d is back", req.node_id)
-        return s.HeartbeatRsp(self.routing.version)
+                await self.commit([revived])
+            log.warning("node %d (%s) is back", req.node_id, node.addr)
+        return s.HeartbeatRsp(routing.version)
+
+    def _record_targets(self, req: s.HeartbeatReq) -> None:
+        for t in req.targets:
+            info = self.routing.targets.get(t.target_id)
+            if info is None or info.node_id != req.node_id:
+                continue
+            state = t.local_state
+            if t.target_id in self.synced and state == s.ONLINE:
+                state = s.UPTODATE  # its resync finished (sync_done) and mgmtd has not acted yet
+            self.local_states[t.target_id] = state
+            info.local_state, info.used_bytes = state, t.used_bytes
+            info.free_bytes, info.fs_id = t.free_bytes, t.fs_id
+        self.syncs[req.node_id] = (self.clock(), list(req.syncs))
 
     @rpc(s.GetRoutingReq)
     async def get_routing(self, ctx: CallContext, req: s.GetRoutingReq) -> s.GetRoutingRsp:
-        if req.known_version == self.routing.version:
+        routing = self._check_primary()
+        if req.known_version == routing.version:
             return s.GetRoutingRsp(None)
-        self.routing.bootstrapping = self.bootstrapping
-        return s.GetRoutingRsp(self.routing)
-
-    @rpc(s.CreateChainTableReq)
-    async def create_chain_table(self, ctx: CallContext, req: s.CreateChainTableReq):
-        async with self._lock:
-            table = self.routing.tables.get(req.table_id)
-            if table is not None:
-                return s.CreateChainTableRsp(table, False)
-            chains = self._place_chains(req.replicas, req.chains)
-            first = max(self.routing.chains, default=0) + 1
-            objects: list = []
-            for i, target_ids in enumerate(chains):
-                chain = s.ChainInfo(first + i, 1, [s.ChainTarget(t, s.SERVING) for t in target_ids])
-                objects.append(chain)
-                for t in target_ids:
-                    info = copy.copy(self.routing.targets[t])
-                    info.chain_id, info.public_state = chain.chain_id, s.SERVING
-                    objects.append(info)
-            table = s.ChainTable(req.table_id, 1, [c.chain_id for c in objects if type(c) is s.ChainInfo],
-                                 req.replicas)
-            await self._commit(objects + [table])
-        log.info("created chain table %d: %d chains x %d replicas", req.table_id, len(chains), req.replicas)
-        return s.CreateChainTableRsp(table, True)
-
-    def _place_chains(self, replicas: int, wanted: int) -> list[list[int]]:
-        """Chains of `replicas` free targets, each on a different failure domain, heads rotated."""
-        if replicas < 1:
-            raise status_error(StatusCode.INVALID_ARGUMENT, "replication factor must be >= 1")
-        free: dict[str, list[int]] = {}
-        for t in sorted(self.routing.targets.values(), key=lambda t: t.target_id):
-            node = self.routing.nodes.get(t.node_id)
-            if t.chain_id == 0 and node is not None and node.alive and node.type == s.STORAGE:
-                free.setdefault(node.failure_domain, []).append(t.target_id)
-        domains = sorted(free)
-        if len(domains) < replicas:
-            raise status_error(StatusCode.NOT_ENOUGH_NODES,
-                               f"replication factor {replicas} needs {replicas} storage failure domains "
-                               f"with free targets; only {len(domains)} have any")
-        chains: list[list[int]] = []
-        while not wanted or len(chains) < wanted:
-            ranked = sorted(domains, key=lambda d: -len(free[d]))  # most free targets first
-            picked = [d for d in ranked if free[d]][:replicas]
-            if len(picked) < replicas:
-                break
-            shift = len(chains) % replicas  # rotate which domain heads the chain
-            picked = picked[shift:] + picked[:shift]
-            chains.append([free[d].pop(0) for d in picked])
-        if not chains or (wanted and len(chains) < wanted):
-            raise status_error(StatusCode.NOT_ENOUGH_NODES,
-                               f"only {len(chains)} chains of {replicas} replicas fit the free targets")
-        return chains
+        routing.bootstrapping = self.bootstrapping
+        return s.GetRoutingRsp(routing)
 
     @rpc(s.SyncDoneReq)
     async def sync_done(self, ctx: CallContext, req: s.SyncDoneReq) -> s.OkRsp:
-        if req.target_id not in self.routing.targets:
+        require_cluster(ctx.principal, "sync_done")
+        routing = self._check_primary()
+        if req.target_id not in routing.targets:
             raise status_error(StatusCode.TARGET_NOT_FOUND, f"unknown target {req.target_id}")
+        self.synced.add(req.target_id)
         self.local_states[req.target_id] = s.UPTODATE
         await self.update_chains()
         return s.OkRsp()
 
-    # -- background ------------------------------------------------------------------------------
-    async def check_heartbeats(self) -> None:
-        if self.bootstrapping:
-            return
+    @rpc(Empty)
+    async def status(self, ctx: CallContext, req: Empty) -> s.MgmtdStatusRsp:
+        routing = self._check_primary()
+        routing.bootstrapping = self.bootstrapping
         now = self.clock()
-        dead = []
-        for node in self.routing.nodes.values():
-            if node.type == s.MGMTD or not node.alive:
-                continue
-            if now - self.last_heartbeat.get(node.node_id, self.started_at) > self.config.heartbeat_timeout_s:
-                dead.append(node)
+        ages = {nid: round(now - t, 3) for nid, t in self.last_heartbeat.items()}
+        return s.MgmtdStatusRsp(routing, await self.get_primary(ctx, req), await self.store.members(), ages,
+                                self.current_syncs(), self.primary_since_ns, self.config.heartbeat_timeout_s)
+
+    def current_syncs(self) -> list[s.SyncProgress]:
+        ttl = SYNC_REPORT_TTL_HEARTBEATS * self.config.heartbeat_interval_s
+        now = self.clock()
+        return [p for seen, progress in list(self.syncs.values()) if now - seen <= ttl for p in progress]
+
+    # -- background ----------------------------------------------------------------------------------
+    async def check_heartbeats(self) -> None:
+        routing = self.routing
+        if self.role != PRIMARY or routing is None or self.bootstrapping:
+            return
+        silent_since = self.clock() - self.config.heartbeat_timeout_s
+        dead = [node for node in routing.nodes.values()
+                if node.type != s.MGMTD and node.alive
+                and self.last_heartbeat.get(node.node_id, self.primary_since) < silent_since]
         if not dead:
             return
         async with self._lock:
@@ -184,34 +289,48 @@ class MgmtdService:
                 n = copy.copy(node)
                 n.alive = False
                 failed.append(n)
-                for t in self.routing.targets.values():
+                for t in routing.targets.values():
                     if t.node_id == node.node_id:
                         self.local_states[t.target_id] = s.LOCAL_OFFLINE
                         t.local_state = s.LOCAL_OFFLINE
                 log.warning("node %d (%s) missed heartbeats for %.1f s: marked failed", node.node_id,
                             node.addr, self.config.heartbeat_timeout_s)
-            await self._commit(failed)
+            await self.commit(failed)
+
+    def _local_view(self, chain: s.ChainInfo) -> dict[int, str]:
+        """Local states as the state machine sees them: admin-offlined targets count as OFFLINE."""
+        out = {}
+        for t in chain.targets:
+            info = self.routing.targets.get(t.target_id)
+            offline = info is None or info.admin_offline
+            out[t.target_id] = s.LOCAL_OFFLINE if offline else self.local_states.get(t.target_id,
+                                                                                     s.LOCAL_OFFLINE)
+        return out
 
     async def update_chains(self) -> None:
-        if self.bootstrapping:
+        if self.role != PRIMARY or self.routing is None or self.bootstrapping:
             return
         async with self._lock:
             changed: list = []
-            for chain in self.routing.chains.values():
-                local = {t.target_id: self.local_states.get(t.target_id, s.LOCAL_OFFLINE)
-                         for t in chain.targets}
-                new = next_chain(chain, local)
+            for chain in list(self.routing.chains.values()):
+                new = next_chain(chain, self._local_view(chain))
                 if new is chain:
                     continue
                 log.info("chain %d v%d -> v%d: %s", chain.chain_id, chain.version, new.version,
                          ", ".join(f"{t.target_id}:{t.public_state}" for t in new.targets))
                 changed.append(new)
-                for t in new.targets:
-                    info = copy.copy(self.routing.targets[t.target_id])
-                    info.public_state = t.public_state
-                    changed.append(info)
+                changed.extend(self._target_states(new))
             if changed:
-                await self._commit(changed)
+                await self.commit(changed)
+            self.synced = {t for t in self.synced if self.routing.targets[t].public_state == s.SYNCING}
+
+    def _target_states(self, chain: s.ChainInfo) -> list[s.TargetInfo]:
+        out = []
+        for t in chain.targets:
+            info = copy.copy(self.routing.targets[t.target_id])
+            info.chain_id, info.public_state = chain.chain_id, t.public_state
+            out.append(info)
+        return out
 
     async def run_background(self) -> None:
         """Runs until cancelled (the service's lifetime); each pass survives its own errors."""
@@ -221,5 +340,7 @@ class MgmtdService:
             try:
                 await self.check_heartbeats()
                 await self.update_chains()
+            except ThreeFSError as e:
+                log.warning("mgmtd background pass failed (retrying): %s", e)
             except Exception:
                 log.exception("mgmtd background pass failed; retrying")

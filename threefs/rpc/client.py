@@ -19,7 +19,7 @@ import msgspec
 
 from threefs.common import limits
 from threefs.common.status import StatusCode, ThreeFSError, UnavailableError, status_error
-from threefs.rpc.frame import KIND_HELLO, KIND_REQUEST, Header, body_encoder
+from threefs.rpc.frame import KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RTS, Header, body_encoder
 from threefs.rpc.schemas.common import Hello, HelloRsp
 from threefs.rpc.transport import FramedProtocol
 
@@ -44,19 +44,22 @@ def as_bytes_view(buf) -> memoryview:
 
 
 class _Pending:
-    __slots__ = ("future", "recv_into")
+    __slots__ = ("future", "recv_into", "token")
 
     def __init__(self, future: asyncio.Future, recv_into: memoryview | None):
         self.future = future
         self.recv_into = recv_into
+        self.token: asyncio.Semaphore | None = None  # a transmission token held for this call
 
 
 class ClientConnection(FramedProtocol):
-    def __init__(self, addr: str):
+    def __init__(self, addr: str, senders: asyncio.Semaphore | None = None):
         super().__init__()
         self.addr = addr
         self.pending: dict[int, _Pending] = {}
         self._ids = itertools.count(1)
+        self.senders = senders  # caps servers sending to us at once (request-to-send)
+        self._tasks: set[asyncio.Task] = set()
 
     def allocate_payload(self, header: Header, nbytes: int) -> memoryview:
         p = self.pending.get(header.rid)
@@ -66,6 +69,11 @@ class ClientConnection(FramedProtocol):
         return memoryview(bytearray(nbytes))
 
     def frame_received(self, header: Header, payload: memoryview | None) -> None:
+        if header.kind == KIND_RTS:
+            task = asyncio.ensure_future(self._grant(header.rid))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
         if header.rid == 0 and header.status:  # connection-level error from the server
             self._fail_all(status_error(header.status, f"{self.addr}: {header.message}"))
             return
@@ -76,6 +84,21 @@ class ClientConnection(FramedProtocol):
             p.future.set_exception(status_error(header.status, header.message))
         else:
             p.future.set_result((header, payload))
+
+    async def _grant(self, rid: int) -> None:
+        """A server asks to send request rid's response: wait for a transmission token, then grant."""
+        p = self.pending.get(rid)
+        if p is None or self.senders is None:
+            return
+        await self.senders.acquire()
+        if self.pending.get(rid) is not p or p.future.done():
+            self.senders.release()  # the call ended while we waited
+            return
+        p.token = self.senders
+        try:
+            await self.send(Header(KIND_GRANT, rid))
+        except ConnectionError:
+            pass  # the call fails with the connection; its token is released then
 
     def connection_lost(self, exc) -> None:
         super().connection_lost(exc)
@@ -92,7 +115,7 @@ class ClientConnection(FramedProtocol):
                       timeout: float) -> tuple[Header, memoryview | None]:
         rid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
-        self.pending[rid] = _Pending(fut, recv_into)
+        self.pending[rid] = pending_entry = _Pending(fut, recv_into)
         header = Header(kind, rid, method=method, timeout_ms=int(timeout * 1000),
                         body=msgspec.Raw(body))
         try:
@@ -101,16 +124,23 @@ class ClientConnection(FramedProtocol):
         except ConnectionError as e:
             raise UnavailableError(StatusCode.UNAVAILABLE, f"{method} to {self.addr}: {e}") from e
         finally:
-            if self.pending.pop(rid, None) is not None and recv_into is not None:
+            p = self.pending.pop(rid, None)
+            if p is not None and recv_into is not None:
                 self.reader.divert(rid)  # gave up (timeout, cancel): stop writing into recv_into
+            entry = p or pending_entry
+            if entry.token is not None:
+                entry.token.release()
+                entry.token = None
 
 
 class RpcClient:
     """Connection pool + typed calls. Safe to share by all tasks of one event loop."""
 
     def __init__(self, token: str, *, client_id: str | None = None,
-                 connect_timeout: float = limits.CONNECT_TIMEOUT_S):
+                 connect_timeout: float = limits.CONNECT_TIMEOUT_S, senders_max: int = 0):
+        """senders_max > 0 enables request-to-send: at most that many servers transmit to us at once."""
         self.token = token
+        self.senders = asyncio.Semaphore(senders_max) if senders_max > 0 else None
         self.client_id = client_id or uuid.uuid4().hex
         self.connect_timeout = connect_timeout
         self._conns: dict[str, ClientConnection] = {}
@@ -121,12 +151,14 @@ class RpcClient:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, conn = await loop.create_connection(lambda: ClientConnection(addr), host, int(port))
+                _, conn = await loop.create_connection(lambda: ClientConnection(addr, self.senders),
+                                                       host, int(port))
                 body = body_encoder.encode(Hello(token=self.token, client_id=self.client_id))
                 header, _ = await conn.request(KIND_HELLO, "hello", body, None, None, self.connect_timeout)
                 msgspec.msgpack.decode(header.body, type=HelloRsp)
         except (OSError, TimeoutError) as e:
-            if isinstance(e, ThreeFSError) and e.code == StatusCode.AUTH_FAILED:
+            if isinstance(e, ThreeFSError) and e.code in (StatusCode.AUTH_FAILED,
+                                                          StatusCode.TOO_MANY_REQUESTS):
                 raise
             raise UnavailableError(StatusCode.UNAVAILABLE, f"cannot connect to {addr}: "
                                    f"{type(e).__name__} {e}".rstrip()) from e

@@ -26,6 +26,8 @@ PREFIX_BYTES = PREFIX.size
 KIND_REQUEST = 0
 KIND_RESPONSE = 1
 KIND_HELLO = 2
+KIND_RTS = 3  # server -> client: the response to request `rid` is ready; may it be sent?
+KIND_GRANT = 4  # client -> server: send the response to request `rid` now
 
 SCRATCH_BYTES = 256 * 1024
 
@@ -81,6 +83,7 @@ class FrameReader:
         self._direct: memoryview | None = None  # payload destination being filled by the socket
         self._direct_pos = 0
         self._direct_header: Header | None = None
+        self.paused = False  # set by the owner to stop delivering frames (back-pressure); see resume()
 
     # -- BufferedProtocol plumbing ---------------------------------------------------------------
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -108,6 +111,11 @@ class FrameReader:
         if self._direct is not None and self._direct_header.rid == rid:
             self._direct = memoryview(bytearray(len(self._direct)))
 
+    def resume(self) -> None:
+        """Deliver frames again, starting with those already buffered while paused."""
+        self.paused = False
+        self._parse()
+
     # -- parsing ---------------------------------------------------------------------------------
     def _make_room(self, needed: int) -> None:
         """Move unparsed bytes to the front; grow the scratch when a header needs more room."""
@@ -126,7 +134,7 @@ class FrameReader:
 
     def _parse(self) -> None:
         view = self._view
-        while self._end - self._start >= PREFIX_BYTES:
+        while not self.paused and self._end - self._start >= PREFIX_BYTES:
             magic, _flags, hlen, plen = PREFIX.unpack_from(self._scratch, self._start)
             if magic != MAGIC:
                 raise FrameError(StatusCode.PROTOCOL_ERROR, f"bad frame magic 0x{magic:04x}")

@@ -23,7 +23,8 @@ import msgspec
 from threefs.common import limits
 from threefs.common.buffers import BufferPool, Lease
 from threefs.common.status import StatusCode, ThreeFSError, status_error
-from threefs.rpc.frame import KIND_HELLO, KIND_REQUEST, KIND_RESPONSE, FrameError, Header, body_encoder
+from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RESPONSE, KIND_RTS, FrameError,
+                               Header, body_encoder)
 from threefs.rpc.schemas.common import Hello, HelloRsp
 from threefs.rpc.transport import FramedProtocol
 
@@ -49,11 +50,17 @@ class CallContext:
     principal: str  # who the token belongs to
     client_id: str
     payload: memoryview | None  # valid until the handler returns (pooled buffer): copy to keep
-    deadline: float  # loop.time() by which the caller gives up
+    deadline: float
+    rid: int = 0  # loop.time() by which the caller gives up
     conn: "ServerConnection" = field(repr=False, default=None)
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - asyncio.get_running_loop().time())
+
+    async def request_to_send(self, rid: int, timeout: float) -> bool:
+        """Ask the caller for a transmission token before sending a large response (3FS's
+        RDMAControl.apply, off by default). Returns False when no grant came in time: send anyway."""
+        return await self.conn.request_to_send(rid, timeout)
 
 
 Authenticator = Callable[[str], Awaitable[str | None]]  # token -> principal, None = refused
@@ -68,14 +75,28 @@ class ServerConnection(FramedProtocol):
         self.client_id = ""
         self.tasks: set[asyncio.Task] = set()
         self._leases: dict[int, Lease] = {}  # request id -> pooled payload buffer
+        self._grants: dict[int, asyncio.Future] = {}  # request id -> the caller's transmission grant
+        self._hello_seen = False
+        self._hello_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self.server.connections.add(self)
+        # An idle unauthenticated connection would hold a socket forever: it must say hello in time.
+        self._hello_timer = asyncio.get_running_loop().call_later(limits.HELLO_TIMEOUT_S, self._hello_late)
+
+    def _hello_late(self) -> None:
+        if self.principal is None and not self.transport.is_closing():
+            log.warning("closing connection %s: no hello within %.0f s", self.peer, limits.HELLO_TIMEOUT_S)
+            self.on_frame_error(FrameError(StatusCode.AUTH_FAILED, "authentication failed: no hello "
+                                           f"within {limits.HELLO_TIMEOUT_S:.0f} s of connecting"))
+            self.transport.close()
 
     def connection_lost(self, exc) -> None:
         super().connection_lost(exc)
         self.server.connections.discard(self)
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
         for t in list(self.tasks):
             t.cancel()
 
@@ -98,10 +119,23 @@ class ServerConnection(FramedProtocol):
 
     def frame_received(self, header: Header, payload: memoryview | None) -> None:
         if self.principal is None:
+            if self._hello_seen:  # a client waits for the hello's answer; this one floods us unheard
+                raise FrameError(StatusCode.AUTH_FAILED, "request sent before authentication finished")
+            self._hello_seen = True
             self._spawn(self._hello(header))
+            return
+        if header.kind == KIND_GRANT:
+            grant = self._grants.get(header.rid)
+            if grant is not None and not grant.done():
+                grant.set_result(True)
             return
         if header.kind != KIND_REQUEST:
             raise FrameError(StatusCode.PROTOCOL_ERROR, f"unexpected frame kind {header.kind}")
+        if len(self.tasks) >= 2 * self.server.inflight_max:
+            # The client sends faster than it reads our answers (even the refusals): stop reading its
+            # requests until the backlog halves, so memory stays bounded and TCP pushes back on it.
+            self.reader.paused = True
+            self.transport.pause_reading()
         if len(self.tasks) >= self.server.inflight_max:
             self._spawn(
                 self._reply_error(
@@ -118,7 +152,30 @@ class ServerConnection(FramedProtocol):
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if self.reader.paused and len(self.tasks) < self.server.inflight_max and not self.is_closing():
+            self.transport.resume_reading()
+            try:
+                self.reader.resume()
+            except FrameError as e:  # a buffered frame turned out bad: same handling as on receipt
+                log.warning("closing connection %s: %s", self.peer, e)
+                self.on_frame_error(e)
+                self.transport.close()
+
+    async def request_to_send(self, rid: int, timeout: float) -> bool:
+        grant = asyncio.get_running_loop().create_future()
+        self._grants[rid] = grant
+        try:
+            await self.send(Header(KIND_RTS, rid))
+            async with asyncio.timeout(timeout):
+                return await grant
+        except (TimeoutError, ConnectionError):
+            return False
+        finally:
+            self._grants.pop(rid, None)
 
     async def _hello(self, header: Header) -> None:
         principal = None
@@ -134,6 +191,15 @@ class ServerConnection(FramedProtocol):
                          message="authentication failed: missing or invalid token (check the `token` "
                          "in client.toml matches the cluster's)")
             await self._send_quiet(rsp)
+            self.transport.close()
+            return
+        same = sum(1 for c in self.server.connections
+                   if c.principal is not None and c.client_id == self.client_id)
+        if same >= self.server.connections_per_client_max:
+            await self._send_quiet(Header(
+                KIND_HELLO, header.rid, status=int(StatusCode.TOO_MANY_REQUESTS),
+                message=f"client {self.client_id[:64]!r} already holds {same} connections to "
+                f"{self.server.name} (limit {self.server.connections_per_client_max}); reuse them"))
             self.transport.close()
             return
         self.principal = principal
@@ -163,18 +229,20 @@ class ServerConnection(FramedProtocol):
             except (msgspec.DecodeError, msgspec.ValidationError) as e:
                 raise status_error(StatusCode.INVALID_ARGUMENT, f"bad {header.method} request: {e}")
             ctx = CallContext(header.method, self.peer, self.principal, self.client_id, payload,
-                              loop.time() + timeout, self)
+                              loop.time() + timeout, conn=self, rid=header.rid)
             async with asyncio.timeout(timeout):
                 result = await fn(ctx, req)
             rsp, out = result if isinstance(result, tuple) else (result, None)
             body = msgspec.Raw(body_encoder.encode(rsp))
+            out_view = out.view if isinstance(out, Lease) else out
+            bytes_out = 0 if out_view is None else memoryview(out_view).nbytes
             try:
-                await self._send_quiet(Header(KIND_RESPONSE, header.rid, body=body),
-                                       out.view if isinstance(out, Lease) else out)
+                await self._send_quiet(Header(KIND_RESPONSE, header.rid, body=body), out_view)
             finally:
                 if isinstance(out, Lease):
                     out.release()
-            self.server.observe(header.method, time.perf_counter() - started, None)
+            self.server.observe(header.method, time.perf_counter() - started, None,
+                                0 if payload is None else payload.nbytes, bytes_out)
         except ThreeFSError as e:
             self.server.observe(header.method, time.perf_counter() - started, e.code)
             await self._reply_error(header.rid, e)
@@ -203,15 +271,18 @@ class ServerConnection(FramedProtocol):
 
 class RpcServer:
     def __init__(self, name: str, authenticate: Authenticator, *,
-                 inflight_max: int = limits.INFLIGHT_REQUESTS_PER_CONNECTION_MAX):
+                 inflight_max: int = limits.INFLIGHT_REQUESTS_PER_CONNECTION_MAX,
+                 connections_per_client_max: int = limits.CONNECTIONS_PER_CLIENT_MAX):
         self.name = name
         self.authenticate = authenticate
         self.inflight_max = inflight_max
+        self.connections_per_client_max = connections_per_client_max
         self.handlers: dict[str, Handler] = {}
         self.connections: set[ServerConnection] = set()
         self.pool = BufferPool()  # payload buffers, reused (fresh pages cost a fault per 4 KiB)
         self._server: asyncio.AbstractServer | None = None
-        self.metrics_hook: Callable[[str, float, StatusCode | None], None] | None = None
+        # metrics_hook(method, seconds, status or None, payload bytes in, payload bytes out)
+        self.metrics_hook: Callable[[str, float, StatusCode | None, int, int], None] | None = None
 
     def add_service(self, prefix: str, obj: Any) -> None:
         for attr in dir(obj):
@@ -222,9 +293,10 @@ class RpcServer:
             name, req_type = mark
             self.handlers[f"{prefix}.{name}"] = (fn, msgspec.msgpack.Decoder(req_type))
 
-    def observe(self, method: str, seconds: float, code: StatusCode | None) -> None:
+    def observe(self, method: str, seconds: float, code: StatusCode | None, bytes_in: int = 0,
+                bytes_out: int = 0) -> None:
         if self.metrics_hook is not None:
-            self.metrics_hook(method, seconds, code)
+            self.metrics_hook(method, seconds, code, bytes_in, bytes_out)
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()

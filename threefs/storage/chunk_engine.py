@@ -24,9 +24,11 @@ previous version's file if it is no longer used. A reader that lost the race to 
 Crash safety. A `kill -9` at any instant leaves each chunk at its last committed version, or at the new one if
 the log append of its commit happened: the log record names the data file, and the file was complete before
 the record was written. At start-up every file that no committed record names is deleted and a committed
-file longer than its length (an unfinished in-place append) is cut back. Pending versions therefore do NOT
-survive a restart: after reopening, get_meta shows only committed versions (update_ver == commit_ver), and the
-replication layer re-sends. `close()` discards pending versions the same way.
+file longer than its length (an unfinished in-place append) is cut back. Pending versions DO survive a
+restart and `close()`: `write`/`truncate`/`remove` log a pending record after the data is complete, so a
+replica that restarts still holds a version that may already be committed (and read) further down its chain
+— the CRAQ layer then completes it (threefs/storage/craq.py; the simulator found the lost-version case).
+A crash before that record leaves an unnamed file (reclaimed): that version was never forwarded.
 
 fsync policy.
   * fsync=False (default): data files and the log are written to the page cache only. Everything survives a
@@ -65,6 +67,7 @@ from threefs.common.status import StatusCode, status_error
 from threefs.storage.chunk_store_meta import (
     COMPACT_BYTES_MIN_DEFAULT,
     MetaLog,
+    PendingChunk,
     SortedKeys,
     StoredChunk,
     io_status_error,
@@ -208,15 +211,18 @@ class ChunkEngine:
         self._lock_fd = self._lock_target()
         self._log = MetaLog(os.path.join(self.path, "meta.log"), fsync=fsync, compact_bytes_min=meta_log_bytes_min)
         try:
-            self._stored: dict[bytes, StoredChunk] = self._log.load()
+            self._stored, records = self._log.load()
+            self._pending: dict[bytes, _Pending] = {
+                cid: _Pending(p.update_ver, p.chain_ver, p.length, p.crc, p.gen, p.remove, p.last_request)
+                for cid, p in records.items()}
             max_gen = self._reclaim()
         except BaseException:
             self._log.close()
             os.close(self._lock_fd)
             raise
-        self._pending: dict[bytes, _Pending] = {}
-        self._index = SortedKeys(self._stored.keys())
-        self._used_bytes = sum(s.length for s in self._stored.values())
+        live = self._stored.keys() | self._pending.keys()
+        self._index = SortedKeys(live)
+        self._used_bytes = sum(_disk_bytes(self._stored.get(c), self._pending.get(c)) for c in live)
         self._next_gen = max_gen + 1
         self._closed = False
 
@@ -230,8 +236,9 @@ class ChunkEngine:
         return fd
 
     def _reclaim(self) -> int:
-        """Delete files no committed record names, cut committed files back to their length; return
-        the highest generation seen (new files get higher ones, so no name is ever reused)."""
+        """Delete files no committed or pending record names, cut committed files back to their length
+        (or the pending in-place length); return the highest generation seen (new files get higher
+        ones, so no name is ever reused)."""
         max_gen, removed, missing = 0, 0, dict(self._stored)
         for sub in sorted(os.listdir(self._data_dir)):
             directory = os.path.join(self._data_dir, sub)
@@ -244,36 +251,41 @@ class ChunkEngine:
                     log.warning("target %s: ignoring unknown file %s", self.path, file_path)
                     continue
                 max_gen = max(max_gen, gen)
-                stored = self._stored.get(chunk_id)
+                stored, pending = self._stored.get(chunk_id), self._pending.get(chunk_id)
+                if pending is not None and not pending.remove and pending.gen == gen and (
+                        stored is None or stored.gen != gen):
+                    continue  # a pending version's own file
                 if stored is None or stored.gen != gen:
                     os.unlink(file_path)
                     removed += 1
                     continue
                 missing.pop(chunk_id, None)
-                self._reclaim_tail(file_path, stored)
-        max_gen = max([max_gen, *(s.gen for s in self._stored.values())])
+                self._reclaim_tail(file_path, stored, pending)
+        max_gen = max([max_gen, *(s.gen for s in self._stored.values()),
+                       *(p.gen for p in self._pending.values())])
         if removed:
             log.info("target %s: reclaimed %d files of uncommitted versions", self.path, removed)
         for stored in missing.values():
             log.error("target %s: data file of chunk %s is missing", self.path, stored.chunk_id.hex())
         return max_gen
 
-    def _reclaim_tail(self, file_path: str, stored: StoredChunk) -> None:
+    def _reclaim_tail(self, file_path: str, stored: StoredChunk, pending: _Pending | None) -> None:
         size = os.stat(file_path).st_size
-        if size > stored.length:  # an in-place append that was never committed
-            os.truncate(file_path, stored.length)
+        keep = stored.length
+        if pending is not None and not pending.remove and pending.gen == stored.gen:
+            keep = max(keep, pending.length)  # a logged in-place pending version lives in this tail
+        if size > keep:  # an in-place append that was never logged
+            os.truncate(file_path, keep)
         elif size < stored.length:
             log.error("target %s: data file %s is %d bytes, committed length %d", self.path, file_path, size,
                       stored.length)
 
     def close(self) -> None:
-        """Discard pending versions, close the metadata log and unlock the target. Idempotent."""
+        """Close the metadata log and unlock the target (pending versions stay logged). Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        for chunk_id in list(self._pending):
-            self._drop_pending(chunk_id)
         self._log.close()
         os.close(self._lock_fd)
 
@@ -322,6 +334,15 @@ class ChunkEngine:
         if stored is None and pending is None:
             return None
         return _make_meta(chunk_id, stored, pending)
+
+    def _gens(self, chunk_id: bytes) -> set[int]:
+        """Data file generations the chunk uses (committed and pending; tests check for leftovers)."""
+        with self._lock:
+            stored, pending = self._stored.get(chunk_id), self._pending.get(chunk_id)
+        gens = {stored.gen} if stored is not None else set()
+        if pending is not None and not pending.remove:
+            gens.add(pending.gen)
+        return gens
 
     def _check_open(self) -> None:
         if self._closed:
@@ -616,6 +637,8 @@ class ChunkEngine:
         with self._lock:
             stored, pending = self._stored.get(chunk_id), self._pending.get(chunk_id)
             if pending is not None:
+                self._check_open()
+                self._log.clear_pending(chunk_id)  # before its data goes: replay must not name it
                 self._set_state(chunk_id, stored, None)
         if pending is None or pending.remove:
             return stored
@@ -632,8 +655,14 @@ class ChunkEngine:
     def _install_pending(self, chunk_id: bytes, pending: _Pending) -> ChunkMeta:
         with self._lock:
             self._check_open()
+            self._log.put_pending(_pending_record(chunk_id, pending))
             self._set_state(chunk_id, self._stored.get(chunk_id), pending)
+            self._log.maybe_compact(self._live_records)
             return self._meta_locked(chunk_id)
+
+    def _live_records(self) -> list:
+        """Everything a compacted log must hold: committed records, then pending ones."""
+        return [*self._stored.values(), *(_pending_record(c, p) for c, p in self._pending.items())]
 
     def _set_state(self, chunk_id: bytes, stored: StoredChunk | None, pending: _Pending | None) -> None:
         """The one place that changes a chunk's in-memory state (caller holds the lock)."""
@@ -678,7 +707,7 @@ class ChunkEngine:
                 )
                 self._log.put(new)
             self._set_state(chunk_id, new, None)
-            self._log.maybe_compact(self._stored.values())
+            self._log.maybe_compact(self._live_records)
             meta = self._meta_locked(chunk_id)
         if stored is not None and (new is None or new.gen != stored.gen):
             _unlink_quietly(self._file(chunk_id, stored.gen))  # if this fails, start-up reclaims it
@@ -705,7 +734,7 @@ class ChunkEngine:
         """Rewrite the version numbers of the committed data (no data change; recovery and resync).
         Drops a pending version's data. With update_ver > commit_ver the chunk shows a pending version
         `update_ver` with the committed contents (committing it changes only versions); like every
-        pending version it does not survive a restart. CHUNK_NOT_FOUND if nothing is committed."""
+        pending version it is logged and survives a restart. CHUNK_NOT_FOUND if nothing is committed."""
         _check_chunk_id(chunk_id)
         if not 0 < commit_ver <= update_ver or chain_ver < 0:
             raise status_error(
@@ -724,9 +753,15 @@ class ChunkEngine:
         with self._lock:
             self._check_open()
             self._log.put(new)
+            if pending is not None:
+                self._log.put_pending(_pending_record(chunk_id, pending))
             self._set_state(chunk_id, new, pending)
-            self._log.maybe_compact(self._stored.values())
+            self._log.maybe_compact(self._live_records)
             return self._meta_locked(chunk_id)
+
+
+def _pending_record(chunk_id: bytes, p: _Pending) -> PendingChunk:
+    return PendingChunk(chunk_id, p.update_ver, p.chain_ver, p.length, p.crc, p.gen, p.remove, p.last_request)
 
 
 def _unlink_quietly(path: str) -> None:

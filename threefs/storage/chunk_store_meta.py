@@ -1,13 +1,15 @@
 """Persistent metadata of one storage target: an append-only log of committed chunk records,
 and the in-memory ordered index of chunk ids.
 
-Only *committed* state is persisted (pending versions live in memory and die with the process, see
-`chunk_engine`). The log is a sequence of frames::
+Committed state and pending versions are both persisted: a pending version may already be committed
+further down its chain (and read there), so it must survive a restart of this replica (see
+`threefs/storage/craq.py`). The log is a sequence of frames::
 
     [payload_bytes u32 LE][crc32c(payload) u32 LE][payload: msgpack array of records]
 
 Records are `LogHeader` (first frame of every log file), `StoredChunk` (a chunk's committed state, the
-latest record of a chunk id wins) and `RemovedChunk`. Replay stops at the first frame that is empty (the
+latest record of a chunk id wins; it also ends the chunk's pending version), `RemovedChunk`,
+`PendingChunk` (a pending version, written after its data) and `PendingCleared` (pending dropped). Replay stops at the first frame that is empty (the
 preallocated zero region), torn or fails its CRC: with single-writer appends only the tail can be torn by a
 crash, so everything before it is the committed history.
 
@@ -70,7 +72,24 @@ class RemovedChunk(msgspec.Struct, array_like=True, frozen=True, gc=False, tag=2
     chunk_id: bytes
 
 
-_Record = LogHeader | StoredChunk | RemovedChunk
+class PendingChunk(msgspec.Struct, array_like=True, frozen=True, gc=False, tag=3):
+    """A pending version (its data file `gen` is complete when this record is written)."""
+
+    chunk_id: bytes
+    update_ver: int
+    chain_ver: int
+    length: int
+    crc: int
+    gen: int  # == the committed gen for an in-place append (0 for a removal)
+    remove: bool
+    last_request: bytes = b""
+
+
+class PendingCleared(msgspec.Struct, array_like=True, frozen=True, gc=False, tag=4):
+    chunk_id: bytes
+
+
+_Record = LogHeader | StoredChunk | RemovedChunk | PendingChunk | PendingCleared
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(list[_Record])
 
@@ -115,8 +134,9 @@ class MetaLog:
         """Bytes of valid frames in the log."""
         return self._end
 
-    def load(self) -> dict[bytes, StoredChunk]:
-        """Open (or create) the log, replay it and return the committed records by chunk id.
+    def load(self) -> tuple[dict[bytes, StoredChunk], dict[bytes, PendingChunk]]:
+        """Open (or create) the log, replay it and return the committed and the pending records by
+        chunk id.
         A torn tail is cut off; the log is ready for appends afterwards."""
         assert self._fd < 0, "load() twice"
         tmp = self.path + ".new"
@@ -124,7 +144,7 @@ class MetaLog:
             os.unlink(tmp)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            records, end = _replay(fd, self.path)
+            records, pendings, end = _replay(fd, self.path)
             os.ftruncate(fd, end)  # zeros after the last good frame, so replay stops there
         except BaseException:
             os.close(fd)
@@ -134,7 +154,7 @@ class MetaLog:
             self._append([LogHeader(FORMAT_VERSION)])
         self._reserve(0)
         self._compact_at = max(self._compact_bytes_min, COMPACT_GROWTH * self._end)
-        return records
+        return records, pendings
 
     def put(self, record: StoredChunk) -> None:
         """Persist a chunk's committed state (durable per the fsync policy when this returns)."""
@@ -144,14 +164,22 @@ class MetaLog:
         """Persist the removal of a chunk."""
         self._append([RemovedChunk(chunk_id)])
 
-    def maybe_compact(self, records: Collection[StoredChunk]) -> bool:
-        """Rewrite the log from `records` (all live records) if it has grown enough; True if it did."""
+    def put_pending(self, record: PendingChunk) -> None:
+        """Persist a pending version (its data must be complete already)."""
+        self._append([record])
+
+    def clear_pending(self, chunk_id: bytes) -> None:
+        self._append([PendingCleared(chunk_id)])
+
+    def maybe_compact(self, live_records) -> bool:
+        """Rewrite the log from live_records() (all live records; only called when compacting) if it
+        has grown enough; True if it did."""
         if self._end < self._compact_at:
             return False
-        return self.compact(records)
+        return self.compact(live_records())
 
-    def compact(self, records: Collection[StoredChunk]) -> bool:
-        """Write the live records to a new file and rename it over the log (atomic for a crash).
+    def compact(self, records: Collection[StoredChunk | PendingChunk]) -> bool:
+        """Write the live records (committed ones first, then pending ones) to a new file and rename it over the log (atomic for a crash).
         On an OSError (e.g. a full disk) the old log stays in use and compaction is retried later."""
         assert self._fd >= 0
         tmp = self.path + ".new"
@@ -217,12 +245,13 @@ class MetaLog:
             pass  # the next append overwrites it from the same offset anyway
 
 
-def _replay(fd: int, path: str) -> tuple[dict[bytes, StoredChunk], int]:
-    """Apply every valid frame; return the records and the end offset of the last valid frame."""
+def _replay(fd: int, path: str) -> tuple[dict[bytes, StoredChunk], dict[bytes, PendingChunk], int]:
+    """Apply every valid frame; return the records, the pending ones and the end of the last valid frame."""
     size = os.fstat(fd).st_size
     records: dict[bytes, StoredChunk] = {}
+    pendings: dict[bytes, PendingChunk] = {}
     if size == 0:
-        return records, 0
+        return records, pendings, 0
     end = 0
     with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mm:
         for payload_end, payload in _frames(mm):
@@ -231,12 +260,12 @@ def _replay(fd: int, path: str) -> tuple[dict[bytes, StoredChunk], int]:
             except msgspec.DecodeError as exc:
                 raise status_error(StatusCode.IO_ERROR, f"metadata log {path}: bad frame at {end}: {exc}")
             for record in decoded:
-                _apply(records, record, end, path)
+                _apply(records, pendings, record, end, path)
             end = payload_end
         torn = any(mm[end : end + FRAME_HEADER.size])
     if torn:
         log.warning("metadata log %s: cut a torn tail at offset %d of %d bytes", path, end, size)
-    return records, end
+    return records, pendings, end
 
 
 def _frames(mm: mmap.mmap) -> Iterator[tuple[int, bytes]]:
@@ -254,18 +283,25 @@ def _frames(mm: mmap.mmap) -> Iterator[tuple[int, bytes]]:
         yield offset, payload
 
 
-def _apply(records: dict[bytes, StoredChunk], record: _Record, offset: int, path: str) -> None:
+def _apply(records: dict[bytes, StoredChunk], pendings: dict[bytes, PendingChunk], record: _Record,
+           offset: int, path: str) -> None:
     if isinstance(record, StoredChunk):
         records[record.chunk_id] = record
+        pendings.pop(record.chunk_id, None)
     elif isinstance(record, RemovedChunk):
         records.pop(record.chunk_id, None)
+        pendings.pop(record.chunk_id, None)
+    elif isinstance(record, PendingChunk):
+        pendings[record.chunk_id] = record
+    elif isinstance(record, PendingCleared):
+        pendings.pop(record.chunk_id, None)
     elif record.format != FORMAT_VERSION or offset != 0:
         raise status_error(
             StatusCode.IO_ERROR, f"metadata log {path}: unknown format {record.format} at offset {offset}"
         )
 
 
-def _write_snapshot(fd: int, records: Collection[StoredChunk]) -> int:
+def _write_snapshot(fd: int, records: Collection[StoredChunk | PendingChunk]) -> int:
     """Write a header frame and the records in frames of SNAPSHOT_RECORDS_PER_FRAME; return the end."""
     offset = os.pwrite(fd, _frame([LogHeader(FORMAT_VERSION)]), 0)
     it = iter(records)

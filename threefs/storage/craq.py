@@ -302,31 +302,69 @@ def read_check(me: int, public_state: str | None, meta, allow_uncommitted: bool)
 
 
 # -- resync (3FS "Data recovery"): the predecessor of a SYNCING target brings it up to date ------
-def resync_plan(local: dict, remote: dict) -> tuple[list[bytes], list[bytes]]:
-    """Chunks to send whole (ours differ or are missing there) and to remove (only theirs)."""
-    send = sorted(cid for cid, meta in local.items()
-                  if meta.commit_ver and (cid not in remote or remote[cid].commit_ver != meta.commit_ver
-                                          or remote[cid].crc != meta.crc
-                                          or remote[cid].length != meta.length))
-    remove = sorted(cid for cid in remote if cid not in local)
-    return send, remove
+def _absent(meta) -> bool:
+    """No data to send: no chunk, a pending removal, or never committed nor pending."""
+    return meta is None or meta.pending_remove or (not meta.commit_ver and meta.update_ver == meta.commit_ver)
 
 
-@dataclass
-class ReadCommitted:  # -> bytes of the committed version (whole chunk)
-    chunk_id: bytes
-    length: int
+def differs(meta, brief) -> bool:
+    """Must the successor get this chunk (or its removal)? `brief` is its dumped metadata or None.
+
+    Compared with our NEWEST version: a pending version here may already be committed further down
+    the chain (and read there), so resync carries it rather than the older committed one."""
+    if _absent(meta):
+        return brief is not None
+    return (brief is None or brief.commit_ver != meta.update_ver or brief.crc != meta.pending_crc
+            or brief.length != meta.pending_length)
 
 
-def resync_chunk_flow(me: int, successor: int, chain: ms.ChainInfo, chunk_id: bytes) -> Flow:
-    """Send one chunk (or its removal) to the syncing successor; the caller holds the chunk lock."""
+class FlowTracker:
+    """Counts update flows in progress by the chain version they were admitted under.
+
+    Resync waits until every flow admitted under an older chain version has finished: such a flow may
+    not know the successor is SYNCING and would not forward to it (3FS: the sync starts from a
+    quiescent point of the predecessor)."""
+
+    def __init__(self) -> None:
+        self.active: dict[int, int] = {}
+        self._waiters: list[tuple[int, object]] = []
+
+    def enter(self, chain_ver: int) -> None:
+        self.active[chain_ver] = self.active.get(chain_ver, 0) + 1
+
+    def exit(self, chain_ver: int) -> None:
+        self.active[chain_ver] -= 1
+        if not self.active[chain_ver]:
+            del self.active[chain_ver]
+        ready = [w for w in self._waiters if self.quiet_below(w[0])]
+        self._waiters = [w for w in self._waiters if w not in ready]
+        for _, callback in ready:
+            callback()
+
+    def quiet_below(self, chain_ver: int) -> bool:
+        return all(v >= chain_ver for v in self.active)
+
+    def when_quiet_below(self, chain_ver: int, callback) -> None:
+        """callback() once no flow admitted under a version < chain_ver is running (maybe at once)."""
+        if self.quiet_below(chain_ver):
+            callback()
+        else:
+            self._waiters.append((chain_ver, callback))
+
+
+def resync_chunk_flow(me: int, successor: int, chain: ms.ChainInfo, chunk_id: bytes, brief) -> Flow:
+    """Send one chunk (or its removal) to the syncing successor if it differs from `brief` (the
+    successor's dumped metadata, None if it has none). The caller holds the chunk lock, so the decision
+    is made on our current state, not on a listing that a concurrent update may have outdated."""
     meta = yield GetMeta(chunk_id)
-    if meta is None or not meta.commit_ver:
+    if not differs(meta, brief):
+        return None
+    if _absent(meta):
         req = ss.UpdateReq(chain.chain_id, chain.version, chunk_id, ss.REMOVE, from_target=me, sync=True,
                            update_ver=1)
         return (yield Forward(successor, req, None))
-    data = yield ReadCommitted(chunk_id, meta.length)
-    req = ss.UpdateReq(chain.chain_id, chain.version, chunk_id, ss.WRITE, 0, len(data), max(meta.length, 1),
-                       crc32c.crc32c(data), update_ver=meta.commit_ver, full_replace=True,
-                       from_target=me, sync=True)
+    data = yield ReadNewest(chunk_id, meta.pending_length)
+    req = ss.UpdateReq(chain.chain_id, chain.version, chunk_id, ss.WRITE, 0, len(data),
+                       max(len(data), 1), crc32c.crc32c(data), update_ver=meta.update_ver,
+                       full_replace=True, from_target=me, sync=True)
     return (yield Forward(successor, req, data))

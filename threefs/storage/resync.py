@@ -20,6 +20,7 @@ from threefs.storage import craq
 log = logging.getLogger(__name__)
 
 SCAN_INTERVAL_S = 0.5
+RESYNC_INFLIGHT_MAX = 8  # chunks being sent to one syncing target at a time
 
 
 class Resyncer:
@@ -77,39 +78,38 @@ class Resyncer:
 
     async def sync(self, chain_id: int, me: int, successor: int) -> None:
         routing = await self.svc.mgmtd.get()
-        addr = routing.target_addr(successor)
-        remote = await self._dump(addr, successor)
+        sync_version = routing.chain(chain_id).version
+        # Flows admitted under an older chain version may not forward to the SYNCING target: let them
+        # finish, then every later update reaches it (as a full-chunk replace).
+        await self.svc.quiet_below(me, sync_version)
+        remote = await self._dump(routing.target_addr(successor), successor)
         engine = self.svc.engines[me]
-        local = {meta.chunk_id: meta for meta in await self.svc._disk(engine.iter_metas)}
-        todo, extra = craq.resync_plan(local, remote)
-        log.info("resync chain %d: target %d -> %d: %d chunks to send, %d to remove, %d equal",
-                 chain_id, me, successor, len(todo), len(extra), len(local) - len(todo))
-        sent = 0
-        self.progress[successor] = (0, len(todo) + len(extra))
-        for cid in todo + extra:
-            await self._send_chunk(chain_id, me, successor, cid)
-            sent += 1
-            self.progress[successor] = (sent, len(todo) + len(extra))
-        await self.svc.mgmtd.call("sync_done", ms.SyncDoneReq(successor), ms.OkRsp)
-        log.info("resync of target %d done (%d chunks)", successor, sent)
+        local = {meta.chunk_id for meta in await self.svc._disk(engine.iter_metas)}
+        todo = sorted(local | set(remote))
+        log.info("resync chain %d: target %d -> %d: checking %d chunks (%d here, %d there)",
+                 chain_id, me, successor, len(todo), len(local), len(remote))
+        self.progress[successor] = (0, len(todo))
+        chunks, done, sent = iter(todo), [0], [0]
 
-    async def _send_chunk(self, chain_id: int, me: int, successor: int, cid: bytes) -> None:
+        async def worker() -> None:  # a bounded pool: memory stays flat for millions of chunks
+            for cid in chunks:  # the shared iterator hands each chunk to one worker
+                sent[0] += await self._send_chunk(chain_id, me, successor, cid, remote.get(cid))
+                done[0] += 1
+                self.progress[successor] = (done[0], len(todo))
+
+        await asyncio.gather(*(worker() for _ in range(RESYNC_INFLIGHT_MAX)))
+        sent = sent[0]
+        await self.svc.mgmtd.call("sync_done", ms.SyncDoneReq(successor), ms.OkRsp)
+        log.info("resync of target %d done: %d of %d chunks sent", successor, sent, len(todo))
+
+    async def _send_chunk(self, chain_id: int, me: int, successor: int, cid: bytes, brief) -> int:
+        """Decide and send under the chunk lock (craq.resync_chunk_flow); 1 if something was sent."""
         lock = self.svc._lock(me, cid)
         async with lock:
             chain = (await self.svc.mgmtd.get()).chain(chain_id)
-            await craq.drive(craq.resync_chunk_flow(me, successor, chain, cid), self._effects(me))
-
-    def _effects(self, me: int):
-        base = self.svc._effects(me)
-        engine = self.svc.engines[me]
-
-        async def perform(e):
-            if isinstance(e, craq.ReadCommitted):
-                data, _ = await self.svc._disk(engine.read, e.chunk_id, 0, e.length)
-                return data
-            return await base(e)
-
-        return perform
+            rsp = await craq.drive(craq.resync_chunk_flow(me, successor, chain, cid, brief),
+                                   self.svc._effects(me))
+        return 0 if rsp is None else 1
 
     @rpc(ss.SyncDumpReq)
     async def sync_dump(self, ctx: CallContext, req: ss.SyncDumpReq) -> ss.SyncDumpRsp:

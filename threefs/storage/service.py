@@ -19,6 +19,7 @@ from threefs.client.mgmtd_client import MgmtdClient, Routing
 from threefs.common.buffers import align_up
 from threefs.common.config import ServiceConfig
 from threefs.common.status import StatusCode, ThreeFSError, status_error
+from threefs.mgmtd.heartbeat import HEARTBEAT_RETRY_S, HeartbeatFence, sync_reports
 from threefs.rpc.client import RpcClient
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas import storage as ss
@@ -30,6 +31,33 @@ from threefs.storage import craq
 log = logging.getLogger(__name__)
 
 DEDUP_ENTRIES_MAX = 100_000  # exactly-once cache (client, request id) -> result
+RTS_TIMEOUT_S = 5.0  # request-to-send: send anyway when no grant comes (3FS does the same)
+
+
+def check_read_ios(ios: list[ss.ReadIO]) -> None:
+    """Bound what one batch read makes us allocate: a hostile length must not become a huge buffer."""
+    from threefs.common import limits
+
+    total = 0
+    for io in ios:
+        if io.offset < 0 or not 0 <= io.length <= limits.CHUNK_SIZE_BYTES_MAX:
+            raise status_error(StatusCode.INVALID_ARGUMENT, f"read of chunk {io.chunk_id.hex()}: offset "
+                               f"{io.offset} / length {io.length} out of range (length <= "
+                               f"{limits.CHUNK_SIZE_BYTES_MAX})")
+        total += align_up(io.length)
+    if total > limits.FRAME_PAYLOAD_BYTES_MAX:
+        raise status_error(StatusCode.INVALID_ARGUMENT, f"batch read of {len(ios)} IOs asks for {total} "
+                           f"bytes, over the {limits.FRAME_PAYLOAD_BYTES_MAX} one response carries; split it")
+
+
+def fs_space(path: str) -> tuple[int, str]:
+    """(free bytes, file system id) of the file system holding `path`, for capacity reports (meta.statfs);
+    (0, "") if it cannot be read."""
+    try:
+        vfs, dev = os.statvfs(path), os.stat(path).st_dev
+    except OSError:
+        return 0, ""
+    return vfs.f_bavail * vfs.f_frsize, str(dev)
 
 
 class StorageService:
@@ -41,9 +69,12 @@ class StorageService:
         self.io_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="disk")
         self._locks: dict[tuple[int, bytes], asyncio.Lock] = {}
         self._dedup = craq.ExactlyOnce(DEDUP_ENTRIES_MAX)
-        self.synced: set[int] = set()  # targets whose resync finished (report UPTODATE)
+        self.flows: dict[int, craq.FlowTracker] = {}  # per target: update flows by chain version
         self.hb_version = 0
+        self.fence = HeartbeatFence(config.node_id, config.heartbeat_timeout_s, config.heartbeat_interval_s)
         self.resync = None  # set by the runner (storage.resync.Resyncer)
+        self.scrubber = None  # set by the runner (storage.scrub.Scrubber)
+        self._tasks: set[asyncio.Task] = set()
 
     def open_targets(self) -> None:
         for t in self.config.targets:
@@ -61,47 +92,51 @@ class StorageService:
 
     # -- membership ------------------------------------------------------------------------------
     def local_state(self, routing: Routing | None, target_id: int) -> str:
-        """UPTODATE when mgmtd still counts this target as holding every acknowledged write."""
+        """UPTODATE while mgmtd still counts this target as holding every acknowledged write; ONLINE
+        otherwise (it must resync; mgmtd itself records when a resync finishes: sync_done)."""
         if routing is None or target_id not in routing.info.targets:
             return ms.ONLINE
         public = routing.info.targets[target_id].public_state
-        if public in (ms.SERVING, ms.LASTSRV) or target_id in self.synced:
-            return ms.UPTODATE
-        return ms.ONLINE
+        return ms.UPTODATE if public in (ms.SERVING, ms.LASTSRV) else ms.ONLINE
 
     async def register(self) -> None:
         req = ms.RegisterReq(self.config.node_id, ms.STORAGE, self.config.addr, socket.gethostname(),
                              self.config.failure_domain, sorted(self.engines))
+        sent = self.fence.now()
         await self.mgmtd.call("register", req, ms.RegisterRsp)
         await self.mgmtd.refresh(force=True)
+        self.fence.succeeded(sent)
 
     async def heartbeat_loop(self) -> None:
         """Runs for the service's lifetime; a missing mgmtd only delays the next beat."""
         while True:
+            delay = self.config.heartbeat_interval_s
             try:
                 await self.heartbeat_once()
             except ThreeFSError as e:
+                delay = min(delay, HEARTBEAT_RETRY_S)  # a mgmtd failover is short: do not wait a full beat
+                self.fence.note()
                 if e.code == StatusCode.NODE_NOT_FOUND:
                     await self.register()
                 else:
                     log.warning("heartbeat failed: %s", e)
-            await asyncio.sleep(self.config.heartbeat_interval_s)
+            await asyncio.sleep(delay)
 
     async def heartbeat_once(self) -> None:
         routing = self.mgmtd.routing
-        targets = [ms.LocalTarget(tid, self.local_state(routing, tid), engine.used_bytes())
+        targets = [ms.LocalTarget(tid, self.local_state(routing, tid), engine.used_bytes(),
+                                  *fs_space(engine.path))
                    for tid, engine in self.engines.items()]
         self.hb_version += 1
+        syncs = sync_reports(self.resync, routing, self.engines)
+        sent, was_fenced = self.fence.now(), self.fence.fenced
         rsp = await self.mgmtd.call("heartbeat", ms.HeartbeatReq(self.config.node_id, self.hb_version,
-                                                                 targets), ms.HeartbeatRsp)
-        if routing is None or rsp.routing_version != routing.version:
-            routing = await self.mgmtd.refresh()
-            self._forget_sync_flags(routing)
-
-    def _forget_sync_flags(self, routing: Routing) -> None:
-        for tid in list(self.synced):
-            if routing.info.targets.get(tid) and routing.info.targets[tid].public_state == ms.SERVING:
-                self.synced.discard(tid)
+                                                                 targets, syncs), ms.HeartbeatRsp,
+                                    timeout=self.fence.call_timeout_s)
+        if was_fenced or routing is None or rsp.routing_version != routing.version:
+            # unfence only with current routing: the view we were cut off with may name us wrongly
+            await self.mgmtd.refresh()
+        self.fence.succeeded(sent)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _my_target(self, chain: ms.ChainInfo) -> int:
@@ -140,6 +175,7 @@ class StorageService:
     # -- write path ------------------------------------------------------------------------------
     @rpc(ss.UpdateReq)
     async def update(self, ctx: CallContext, req: ss.UpdateReq) -> ss.UpdateRsp:
+        self.fence.check()
         payload = ctx.payload if ctx.payload is not None else memoryview(b"")
         if req.kind == ss.WRITE and crc32c.crc32c(payload) != req.crc:
             raise status_error(StatusCode.CHECKSUM_MISMATCH,
@@ -154,11 +190,26 @@ class StorageService:
         lock = self._lock(me, req.chunk_id)
         try:
             async with lock:
-                rsp = await self._update_locked(req, payload, chain, me)
+                chain = await self._chain(req.chain_id)  # 3FS: re-check once the chunk lock is held
+                craq.check_chain_version(chain, req.chain_ver)
+                craq.admit(me, chain, req)
+                flows = self.flows.setdefault(me, craq.FlowTracker())
+                flows.enter(chain.version)
+                try:
+                    rsp = await self._update_locked(req, payload, chain, me)
+                finally:
+                    flows.exit(chain.version)
         finally:
             self._release_lock_entry(me, req.chunk_id)
         self._dedup.put(req, rsp)
         return rsp
+
+    async def quiet_below(self, me: int, chain_ver: int) -> None:
+        """Wait until no update flow admitted under an older version of the chain runs at `me`."""
+        flows = self.flows.setdefault(me, craq.FlowTracker())
+        done = asyncio.get_running_loop().create_future()
+        flows.when_quiet_below(chain_ver, lambda: done.done() or done.set_result(None))
+        await done
 
     async def _update_locked(self, req, payload, chain, me) -> ss.UpdateRsp:
         return await craq.drive(craq.update_flow(me, chain, req, payload), self._effects(me))
@@ -205,6 +256,8 @@ class StorageService:
     # -- read path -------------------------------------------------------------------------------
     @rpc(ss.BatchReadReq)
     async def batch_read(self, ctx: CallContext, req: ss.BatchReadReq):
+        self.fence.check()
+        check_read_ios(req.ios)
         routing = await self.mgmtd.get()
         for io in req.ios:
             target = routing.info.targets.get(io.target_id)
@@ -221,7 +274,18 @@ class StorageService:
             lease.release()
             raise
         lease.view = lease.view[:used]
+        if req.request_to_send and used:  # receiver-paced: wait for the client's grant (or time out)
+            await ctx.request_to_send(ctx.rid, RTS_TIMEOUT_S)
+        for io, res in zip(req.ios, results):
+            if res.status == StatusCode.CHECKSUM_MISMATCH and self.scrubber is not None:
+                self._background(self.scrubber.report(io.target_id, io.chunk_id, "read"))
         return ss.BatchReadRsp(results), lease
+
+    def _background(self, coro) -> None:
+        """Run a task owned by the service (kept referenced; errors are logged by the task itself)."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _read_batch(self, req: ss.BatchReadReq, routing: Routing, out: memoryview, nowait: bool = False):
         """Runs in the disk pool: IO k's bytes land in `out` at its slot, aligned (see BatchReadRsp)."""
@@ -249,6 +313,7 @@ class StorageService:
             return ss.ReadResult(int(e.code), 0, e.message)
         if meta is None:
             return ss.ReadResult(0, 0)  # a hole: the client fills zeros
+        verify = io.offset == 0 and io.length >= meta.length and meta.update_ver == meta.commit_ver
         try:
             data, meta = engine.read(io.chunk_id, io.offset, io.length, out,
                                      pending=allow_uncommitted and meta.update_ver != meta.commit_ver,
@@ -257,11 +322,16 @@ class StorageService:
             if e.code == StatusCode.CHUNK_NOT_FOUND:  # removed meanwhile: a hole
                 return ss.ReadResult(0, 0)
             return ss.ReadResult(int(e.code), 0, e.message)
+        if verify and crc32c.crc32c(data) != meta.crc:  # a whole chunk is cheap to check (~20 GB/s)
+            return ss.ReadResult(int(StatusCode.CHECKSUM_MISMATCH), 0,
+                                 f"chunk {io.chunk_id.hex()} on target {io.target_id} fails its checksum; "
+                                 "read another replica (repair started)")
         return ss.ReadResult(0, len(data), "", meta.commit_ver, meta.crc)
 
     # -- range operations (GC, truncate) ---------------------------------------------------------
     @rpc(ss.RemoveRangeReq)
     async def remove_range(self, ctx: CallContext, req: ss.RemoveRangeReq) -> ss.RemoveRangeRsp:
+        self.fence.check()
         chain = await self._chain_checked(req.chain_id, req.chain_ver)
         me = self._my_target(chain)
         metas = await self._disk(self.engines[me].iter_metas, req.begin, req.end)
@@ -275,6 +345,7 @@ class StorageService:
 
     @rpc(ss.LastChunkReq)
     async def last_chunk(self, ctx: CallContext, req: ss.LastChunkReq) -> ss.LastChunkRsp:
+        self.fence.check()
         me = self._my_target(await self._chain(req.chain_id))
         metas = await self._disk(self.engines[me].iter_metas, req.begin, req.end, reverse=True, limit=1)
         if not metas:

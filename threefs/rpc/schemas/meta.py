@@ -1,4 +1,16 @@
-"""Wire schema of the meta service (namespace operations). Paths are absolute, '/'-separated."""
+"""Wire schema of the meta service (namespace operations).
+
+Where an operation names a file it takes 3FS's "path at": `parent` (an inode id, default the root) and
+`path`. With the default parent (NO_PARENT) the path must be absolute; with a parent inode a relative
+path is resolved from that directory and the empty path names the inode `parent` itself. So path-based
+callers send absolute paths, and the FUSE daemon sends (parent inode, name) or (inode, "").
+
+Every request that acts for a user carries an optional `user`: the identity to check permissions with.
+Only a privileged principal (the cluster token, the FUSE daemon) may set it; for anyone else it must be
+absent or equal to the principal's own identity. Mutations carry a `request_id` (unique per client
+connection): a retry with the same id after a lost reply returns the first reply instead of failing
+(`EEXIST`) or acting twice. The client library fills both in.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +22,23 @@ FILE = 1
 DIRECTORY = 2
 SYMLINK = 3
 
+ROOT_INODE = 0
+NO_PARENT = -1  # `parent` default: the path must be absolute
+UTIME_NOW = -1  # SetattrReq.atime_ns / mtime_ns: "the server's current time" (utimensat's UTIME_NOW)
+
+
+class UserCred(msgspec.Struct, frozen=True):
+    """Who an operation acts for: uid, primary gid and supplementary gids (POSIX credentials)."""
+
+    uid: int
+    gid: int
+    gids: tuple[int, ...] = ()
+
 
 class InodeAttr(msgspec.Struct):
     inode: int
     type: int  # FILE / DIRECTORY / SYMLINK
-    mode: int  # permission bits (no type bits)
+    mode: int  # permission bits, incl. setuid/setgid/sticky (no S_IF* type bits)
     uid: int
     gid: int
     nlink: int
@@ -24,21 +48,41 @@ class InodeAttr(msgspec.Struct):
     ctime_ns: int
     layout: Layout | None = None  # file layout, or a directory's default layout
     symlink_target: str = ""
+    truncate_ver: int = 0  # files: bumped by every truncate; send it back with length hints (SyncReq)
 
 
-class DirEntry(msgspec.Struct):
+class DirEntry(msgspec.Struct, array_like=True):  # a readdir page carries up to 1024 of these
     name: str
     inode: int
     type: int
 
 
+class PathAt(msgspec.Struct, array_like=True):
+    parent: int
+    path: str
+
+
 class StatReq(msgspec.Struct):
     path: str
-    follow: bool = True
+    follow: bool = True  # False: lstat (a final symlink itself)
+    parent: int = NO_PARENT
+    user: UserCred | None = None
 
 
 class StatRsp(msgspec.Struct):
     attr: InodeAttr
+
+
+class BatchStatReq(msgspec.Struct):
+    items: list[PathAt]  # at most limits.BATCH_STAT_MAX
+    follow: bool = True
+    user: UserCred | None = None
+
+
+class BatchStatRsp(msgspec.Struct):
+    attrs: list[InodeAttr | None]  # None where the item failed
+    errors: list[int]  # StatusCode per item (0 = ok)
+    messages: list[str]
 
 
 class MkdirReq(msgspec.Struct):
@@ -47,14 +91,20 @@ class MkdirReq(msgspec.Struct):
     parents: bool = False
     chunk_size: int = 0  # 0 = inherit the parent's default layout
     stripe: int = 0
+    parent: int = NO_PARENT
+    user: UserCred | None = None
+    request_id: int = 0
 
 
 class OpenReq(msgspec.Struct):
     path: str
-    flags: int  # os.O_* bits: O_WRONLY/O_RDWR, O_CREAT, O_EXCL, O_TRUNC, O_APPEND
+    flags: int  # os.O_* bits: O_WRONLY/O_RDWR, O_CREAT, O_EXCL, O_TRUNC, O_APPEND, O_NOFOLLOW, O_DIRECTORY
     mode: int = 0o644
     chunk_size: int = 0  # for O_CREAT: 0 = the directory's default
     stripe: int = 0
+    parent: int = NO_PARENT
+    user: UserCred | None = None
+    request_id: int = 0
 
 
 class OpenRsp(msgspec.Struct):
@@ -66,7 +116,19 @@ class OpenRsp(msgspec.Struct):
 class CloseReq(msgspec.Struct):
     inode: int
     session: str = ""
-    length_hint: int = -1  # end of the highest byte written, -1 = nothing written
+    length_hint: int = -1  # end of the highest byte written, -1 = nothing written (no length query)
+
+
+class SyncReq(msgspec.Struct):
+    """While writing: `exact=False` raises the length to `length_hint` (cheap, lazy); `exact=True` (fsync)
+    sets it from storage's last chunks. A hint sent with an old `truncate_ver` is ignored, so a hint from
+    before a truncate cannot bring truncated data back."""
+
+    inode: int
+    session: str = ""
+    length_hint: int = -1
+    truncate_ver: int = -1  # the InodeAttr.truncate_ver the writer knows; -1 = the session's
+    exact: bool = False
 
 
 class AttrRsp(msgspec.Struct):
@@ -77,6 +139,8 @@ class ReaddirReq(msgspec.Struct):
     path: str
     start_after: str = ""
     limit: int = 1024
+    parent: int = NO_PARENT
+    user: UserCred | None = None
 
 
 class ReaddirRsp(msgspec.Struct):
@@ -85,18 +149,103 @@ class ReaddirRsp(msgspec.Struct):
 
 
 class PathReq(msgspec.Struct):
+    """unlink / rmdir."""
+
     path: str
+    parent: int = NO_PARENT
+    user: UserCred | None = None
+    request_id: int = 0
+
+
+class RemoveReq(msgspec.Struct):
+    """Remove any entry; `recursive` hands a non-empty directory tree to GC in one transaction."""
+
+    path: str
+    recursive: bool = False
+    parent: int = NO_PARENT
+    user: UserCred | None = None
+    request_id: int = 0
 
 
 class RenameReq(msgspec.Struct):
     src: str
     dst: str
-    noreplace: bool = False
+    noreplace: bool = False  # RENAME_NOREPLACE
+    src_parent: int = NO_PARENT
+    dst_parent: int = NO_PARENT
+    user: UserCred | None = None
+    request_id: int = 0
+
+
+class LinkReq(msgspec.Struct):
+    """Hard link: a new name `dst` for the file `src` (never followed if a symlink, as linkat without
+    AT_SYMLINK_FOLLOW). FUSE's link(inode, newparent, newname) is src="" src_parent=inode."""
+
+    src: str
+    dst: str
+    src_parent: int = NO_PARENT
+    dst_parent: int = NO_PARENT
+    user: UserCred | None = None
+    request_id: int = 0
+
+
+class SymlinkReq(msgspec.Struct):
+    path: str  # the new link
+    target: str  # what it points to (stored as given, not resolved)
+    parent: int = NO_PARENT
+    user: UserCred | None = None
+    request_id: int = 0
+
+
+class ReadlinkRsp(msgspec.Struct):
+    target: str
+
+
+class SetattrReq(msgspec.Struct):
+    """chmod / chown / utimens / truncate in one call; None leaves a field alone. atime_ns / mtime_ns
+    UTIME_NOW mean "now". `length` truncates (a file only)."""
+
+    path: str
+    parent: int = NO_PARENT
+    follow: bool = True
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    atime_ns: int | None = None
+    mtime_ns: int | None = None
+    length: int | None = None
+    user: UserCred | None = None
+    request_id: int = 0
+    # a directory's default layout for files created in it from now on (0 / None: unchanged)
+    chunk_size: int | None = None
+    stripe: int | None = None
+    table_id: int | None = None
 
 
 class TruncateReq(msgspec.Struct):
     path: str
     length: int
+    parent: int = NO_PARENT
+    user: UserCred | None = None
+
+
+class StatfsReq(msgspec.Struct):
+    pass
+
+
+class StatfsRsp(msgspec.Struct):
+    """Space as a user sees it: bytes of file data (one replica's worth), so `df` matches `du`."""
+
+    capacity_bytes: int  # used + free
+    used_bytes: int  # file data stored, divided by the replica count
+    free_bytes: int  # free space of the targets' file systems (each counted once), / replica count
+    replicas: int
+    targets: int
+    targets_reporting: int  # targets whose last heartbeat carried free-space figures
+
+
+class KeepaliveReq(msgspec.Struct):
+    pass
 
 
 class OkRsp(msgspec.Struct):

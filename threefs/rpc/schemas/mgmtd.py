@@ -20,6 +20,23 @@ PUBLIC_STATES = (SERVING, LASTSRV, SYNCING, WAITING, OFFLINE)
 UPTODATE = "UPTODATE"
 ONLINE = "ONLINE"
 LOCAL_OFFLINE = "OFFLINE"
+LOCAL_STATES = (UPTODATE, ONLINE, LOCAL_OFFLINE)
+
+# A NOT_PRIMARY error's message ends with this marker and the primary's address (if one is known), so any
+# mgmtd can redirect a caller: "... primary is at 127.0.0.1:8000".
+PRIMARY_MARKER = "primary is at "
+
+
+def not_primary_message(me: str, primary_addr: str) -> str:
+    if primary_addr and primary_addr != me:
+        return f"mgmtd {me} is a standby; {PRIMARY_MARKER}{primary_addr}"
+    return f"mgmtd {me} is a standby and knows no live primary yet (election in progress); retry"
+
+
+def primary_from_message(message: str) -> str:
+    """The redirect address carried by a NOT_PRIMARY message ('' when none)."""
+    _, found, addr = message.rpartition(PRIMARY_MARKER)
+    return addr.strip() if found else ""
 
 
 class NodeInfo(msgspec.Struct):
@@ -40,6 +57,9 @@ class TargetInfo(msgspec.Struct):
     public_state: str = SERVING
     local_state: str = UPTODATE
     used_bytes: int = 0
+    admin_offline: bool = False  # `threefs admin offline-target`: counts as locally OFFLINE until undone
+    free_bytes: int = 0  # free space of the file system the target lives on (statfs; meta.statfs)
+    fs_id: str = ""  # that file system's id on its host ("" = not reported), so shared disks count once
 
 
 class ChainTarget(msgspec.Struct):
@@ -67,6 +87,8 @@ class RoutingInfo(msgspec.Struct):
     chains: dict[int, ChainInfo]
     tables: dict[int, ChainTable]
     bootstrapping: bool = False
+    token_version: int = 0  # bumped when user tokens change: services then fetch `list_tokens`
+    primary_addr: str = ""
 
 
 class RegisterReq(msgspec.Struct):
@@ -86,12 +108,24 @@ class LocalTarget(msgspec.Struct):
     target_id: int
     local_state: str
     used_bytes: int = 0
+    free_bytes: int = 0  # see TargetInfo
+    fs_id: str = ""
+
+
+class SyncProgress(msgspec.Struct):
+    """A resync run by the sending node: `source` (ours) brings `target_id` (its successor) up to date."""
+
+    target_id: int
+    source_id: int
+    chunks_done: int
+    chunks_total: int
 
 
 class HeartbeatReq(msgspec.Struct):
     node_id: int
-    hb_version: int
+    hb_version: int  # monotonic per registration; an older one is a stale duplicate
     targets: list[LocalTarget] = []
+    syncs: list[SyncProgress] = []
 
 
 class HeartbeatRsp(msgspec.Struct):
@@ -123,3 +157,100 @@ class SyncDoneReq(msgspec.Struct):
 
 class OkRsp(msgspec.Struct):
     pass
+
+
+# -- HA --------------------------------------------------------------------------------------------------
+class MgmtdLease(msgspec.Struct):
+    """KV key `SING` + `MgmtdLease` (3FS): who is primary, until when (wall clock, ns)."""
+
+    primary_id: int
+    primary_addr: str
+    lease_start_ns: int
+    lease_end_ns: int
+
+
+class MgmtdMember(msgspec.Struct):
+    """KV key `MGMT` + id: every mgmtd writes its own on each lease pass (for `threefs status`)."""
+
+    node_id: int
+    addr: str
+    last_seen_ns: int
+
+
+class PrimaryRsp(msgspec.Struct):
+    """Answered by every mgmtd, primary or standby."""
+
+    node_id: int
+    addr: str
+    is_primary: bool
+    primary_id: int
+    primary_addr: str
+    lease_end_ns: int
+
+
+# -- admin -----------------------------------------------------------------------------------------------
+class TargetAdminReq(msgspec.Struct):
+    target_id: int
+    offline: bool = True  # False: undo an earlier offline
+    force: bool = False  # allow taking the last SERVING target of a chain offline
+
+
+class ChainAdminReq(msgspec.Struct):
+    chain_id: int
+
+
+class ChainRsp(msgspec.Struct):
+    chain: ChainInfo
+
+
+class UserReq(msgspec.Struct):
+    name: str
+    uid: int = 0
+    gid: int = 0
+
+
+class UserInfo(msgspec.Struct):
+    """KV key `USER` + name. Only the SHA-256 of the token is stored; the token is shown once."""
+
+    name: str
+    uid: int
+    gid: int
+    token_sha256: str  # hex; "" = revoked
+    created_ns: int
+    token_issued_ns: int = 0
+
+
+class UserTokenRsp(msgspec.Struct):
+    user: UserInfo
+    token: str
+
+
+class UserListRsp(msgspec.Struct):
+    users: list[UserInfo]
+
+
+class ListTokensReq(msgspec.Struct):
+    known_version: int = -1
+
+
+class TokenEntry(msgspec.Struct, array_like=True):
+    token_sha256: str
+    name: str
+    uid: int
+    gid: int
+
+
+class ListTokensRsp(msgspec.Struct):
+    version: int
+    tokens: list[TokenEntry] | None  # None = unchanged since known_version
+
+
+# -- status ----------------------------------------------------------------------------------------------
+class MgmtdStatusRsp(msgspec.Struct):
+    routing: RoutingInfo
+    primary: PrimaryRsp
+    members: list[MgmtdMember]
+    heartbeat_age_s: dict[int, float]  # node id -> seconds since its last heartbeat (this primary's view)
+    syncs: list[SyncProgress]
+    primary_since_ns: int
+    heartbeat_timeout_s: float

@@ -48,6 +48,7 @@ class ReadIO(msgspec.Struct, array_like=True):
 class BatchReadReq(msgspec.Struct):
     ios: list[ReadIO]
     allow_uncommitted: bool = False
+    request_to_send: bool = False  # ask the client for a transmission token before sending the data
 
 
 class ReadResult(msgspec.Struct, array_like=True):

@@ -1,0 +1,329 @@
+"""Metadata operations per second (mdtest-like) beside the raw KV engine and the local file system.
+
+    .venv/bin/python benchmarks/metadata.py [--files 1600] [--clients 1,8] [--repeats 2] [--dir DIR]
+
+Phases, each timed from a barrier to a barrier across all client processes:
+  create   open(O_CREAT|O_EXCL|O_WRONLY) + close of an empty file   (mdtest's file creation)
+  stat     stat of each file by path
+  readdir  list the client's directory, 5 times (entries listed per second)
+  unlink   unlink of each file
+Every client is its own process with its own connection (threefs: its own Client), working in its own
+directory of `--files` files (divided among clients with --clients > 1, so the total stays the same).
+
+Three systems (each run twice, interleaved; the best run counts, since the machine is shared):
+  threefs  a local cluster (2 meta servers on one SQLite KV, 3 storage) in a temp dir, via the Client API
+           (a fresh cluster per client count; default GC delay, so unlinked files' chunks are removed
+           after the run, as in 3FS)
+  meta no RPC  meta's MetaStore run inside each client process on its own SQLite KV (no RPC): meta's own
+           cost, apart from the transport's
+  raw KV   the same SQLite engine, opened by each client process, running the same kind of transactions
+           (the same keys and value sizes: dentry + inode + parent; a session key on create/close; a GC
+           entry on unlink) with none of meta's logic: no path walk, permission checks, id blocks,
+           idempotency records, RPC
+  local    os.* in a temp dir on this machine's disk
+The machine is shared and noisy: compare the ratios within one run. Product goal: threefs >= 0.5x raw KV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from threefs.cli.cluster import LocalCluster  # noqa: E402
+from threefs.client.client import Client  # noqa: E402
+from threefs.kv import open_engine  # noqa: E402
+from threefs.meta import schema  # noqa: E402
+from threefs.meta.schema import FILE, Dentry, GcEntry, Inode, WriteSession  # noqa: E402
+from threefs.meta.store import Caller, MetaStore  # noqa: E402
+
+PHASES = ("create", "stat", "readdir", "unlink")
+SYSTEMS = ("threefs", "meta no RPC", "raw KV", "local")
+READDIR_ROUNDS = 5
+WRITE_NEW = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+
+
+# -- the three systems, one client each ------------------------------------------------------------------
+
+
+class ThreefsClient:
+    def __init__(self, config: str, k: int, tag: str):
+        self.fs = Client.connect(config)
+        self.dir = f"/bench-{tag}/c{k}"
+        self.fs.mkdir(self.dir, parents=True, exist_ok=True)
+
+    def create(self, i: int) -> None:
+        rsp = self.fs._run(self.fs.aio.open(f"{self.dir}/f{i}", WRITE_NEW))
+        self.fs._run(self.fs.aio.close_file(rsp.attr.inode, rsp.session, -1))
+
+    def stat(self, i: int) -> None:
+        self.fs.stat(f"{self.dir}/f{i}")
+
+    def readdir(self) -> int:
+        return len(self.fs.listdir(self.dir))
+
+    def unlink(self, i: int) -> None:
+        self.fs.remove(f"{self.dir}/f{i}")
+
+    def close(self) -> None:
+        self.fs.close()
+
+
+class InProcessMetaClient:
+    """meta's operations (MetaStore) run in the client process on the SQLite KV: threefs without the RPC
+    hop, to tell meta's own cost from the transport's."""
+
+    def __init__(self, url: str, k: int, tag: str):
+        self.loop = asyncio.new_event_loop()
+        self.kv = self.loop.run_until_complete(open_engine(url))
+        self.store = MetaStore(self.kv, table_info=lambda table_id: (table_id, 1, 4))
+        self.caller = Caller(client_id=f"bench-{k}")
+        self.rids = iter(range(1, 1 << 62))
+        self.dir = f"/c{k}"
+        self._run(self.store.init())
+        self._run(self.store.mkdir(self.dir, parents=True))
+
+    def _run(self, coro):
+        return self.loop.run_until_complete(coro)
+
+    def _call(self) -> Caller:
+        return self.caller._replace(request_id=next(self.rids))
+
+    def create(self, i: int) -> None:
+        rsp = self._run(self.store.open(f"{self.dir}/f{i}", WRITE_NEW, caller=self._call()))
+        self._run(self.store.close(rsp.attr.inode, rsp.session, -1, self.caller.client_id))
+
+    def stat(self, i: int) -> None:
+        self._run(self.store.stat(f"{self.dir}/f{i}"))
+
+    def readdir(self) -> int:
+        count, after = 0, ""
+        while True:
+            entries, more = self._run(self.store.readdir(self.dir, after))
+            count += len(entries)
+            if not more:
+                return count
+            after = entries[-1].name
+
+    def unlink(self, i: int) -> None:
+        self._run(self.store.unlink(f"{self.dir}/f{i}", caller=self._call()))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.kv.close())
+        self.loop.close()
+
+
+class LocalClient:
+    def __init__(self, root: str, k: int, tag: str):
+        self.dir = f"{root}/c{k}"
+        os.makedirs(self.dir, exist_ok=True)
+
+    def create(self, i: int) -> None:
+        os.close(os.open(f"{self.dir}/f{i}", WRITE_NEW, 0o644))
+
+    def stat(self, i: int) -> None:
+        os.stat(f"{self.dir}/f{i}")
+
+    def readdir(self) -> int:
+        return len(os.listdir(self.dir))
+
+    def unlink(self, i: int) -> None:
+        os.unlink(f"{self.dir}/f{i}")
+
+    def close(self) -> None:
+        pass
+
+
+class RawKVClient:
+    """Meta's transactions without meta: the same keys, values and conflict footprint, nothing else."""
+
+    DIR_BASE = 1 << 40  # directory inode ids of the clients; files get ids above them
+
+    def __init__(self, url: str, k: int, tag: str):
+        self.loop = asyncio.new_event_loop()
+        self.kv = self.loop.run_until_complete(open_engine(url))
+        self.dir_id = self.DIR_BASE + k
+        self.next_inode = self.DIR_BASE + (k + 1) * 10_000_000
+        now = time.time_ns()
+        self.dir = Inode(type=2, mode=0o755, uid=0, gid=0, nlink=1, atime_ns=now, mtime_ns=now, ctime_ns=now)
+        self.loop.run_until_complete(self.kv.run(self._mkdir))
+        self.ids: dict[int, int] = {}
+
+    async def _mkdir(self, tr) -> None:
+        tr.set(schema.inode_key(self.dir_id), schema.encode(self.dir))
+
+    def _run(self, fn):
+        return self.loop.run_until_complete(self.kv.run(fn))
+
+    def create(self, i: int) -> None:
+        name, inode_id, now = f"f{i}", self.next_inode, time.time_ns()
+        self.next_inode += 1
+        session = os.urandom(8).hex()
+
+        async def create(tr):
+            if await tr.get(schema.dentry_key(self.dir_id, name)) is not None:
+                raise FileExistsError(name)
+            parent = schema.decode_inode(await tr.get(schema.inode_key(self.dir_id), snapshot=True))
+            parent.mtime_ns = parent.ctime_ns = now
+            inode = Inode(type=FILE, mode=0o644, uid=0, gid=0, nlink=1, atime_ns=now, mtime_ns=now,
+                          ctime_ns=now)
+            tr.set(schema.inode_key(inode_id), schema.encode(inode))
+            tr.set(schema.dentry_key(self.dir_id, name), schema.encode(Dentry(inode_id, FILE)))
+            tr.set(schema.inode_key(self.dir_id), schema.encode(parent))
+            tr.set(schema.session_key(inode_id, session), schema.encode(WriteSession("c", now)))
+
+        async def close(tr):
+            await tr.get(schema.inode_key(inode_id))
+            await tr.get(schema.session_key(inode_id, session))
+            tr.clear(schema.session_key(inode_id, session))
+
+        self._run(create)
+        self._run(close)
+        self.ids[i] = inode_id
+
+    def stat(self, i: int) -> None:
+        async def stat(tr):
+            raw = await tr.get(schema.dentry_key(self.dir_id, f"f{i}"), snapshot=True)
+            dentry = schema.decode_dentry(raw)
+            return schema.decode_inode(await tr.get(schema.inode_key(dentry.inode), snapshot=True))
+
+        self._run(stat)
+
+    def readdir(self) -> int:
+        begin, end = schema.dentry_range(self.dir_id)
+
+        async def page(tr, start):
+            return await tr.get_range(start, end, limit=1025, snapshot=True)
+
+        count, start = 0, begin
+        while True:  # pages of 1024, as meta's readdir
+            rows = self._run(lambda tr: page(tr, start))
+            count += len(rows[:1024])
+            [schema.decode_dentry(v) for _, v in rows[:1024]]
+            if len(rows) <= 1024:
+                return count
+            start = rows[1023][0] + b"\x00"
+
+    def unlink(self, i: int) -> None:
+        name, now = f"f{i}", time.time_ns()
+
+        async def unlink(tr):
+            key = schema.dentry_key(self.dir_id, name)
+            dentry = schema.decode_dentry(await tr.get(key))
+            inode = schema.decode_inode(await tr.get(schema.inode_key(dentry.inode)))
+            parent = schema.decode_inode(await tr.get(schema.inode_key(self.dir_id), snapshot=True))
+            inode.nlink, parent.mtime_ns = 0, now
+            tr.clear(key)
+            tr.set(schema.inode_key(dentry.inode), schema.encode(inode))
+            entry = GcEntry(dentry.inode, None, 0, now)
+            tr.set(schema.gc_key(entry), schema.encode(entry))
+            tr.set(schema.inode_key(self.dir_id), schema.encode(parent))
+
+        self._run(unlink)
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.kv.close())
+        self.loop.close()
+
+
+# -- driver ------------------------------------------------------------------------------------------
+
+
+def _client_main(system: str, target: str, k: int, files: int, barrier, results, tag: str) -> None:
+    kinds = {"threefs": ThreefsClient, "meta no RPC": InProcessMetaClient, "raw KV": RawKVClient,
+             "local": LocalClient}
+    client = kinds[system](target, k, tag)
+    try:
+        for phase in PHASES:
+            barrier.wait()
+            t0 = time.perf_counter()
+            if phase == "readdir":
+                ops = sum(client.readdir() for _ in range(READDIR_ROUNDS))
+            else:
+                for i in range(files):
+                    getattr(client, phase)(i)
+                ops = files
+            results.put((phase, k, ops, t0, time.perf_counter()))
+            barrier.wait()
+    finally:
+        client.close()
+
+
+def run_system(system: str, target: str, clients: int, files: int, tag: str) -> dict[str, float]:
+    """ops/s per phase: all clients' operations over the span from the first start to the last end."""
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(clients), ctx.Queue()
+    per_client = files // clients
+    procs = [ctx.Process(target=_client_main, args=(system, target, k, per_client, barrier, results, tag))
+             for k in range(clients)]
+    for p in procs:
+        p.start()
+    rows = [results.get(timeout=600) for _ in range(clients * len(PHASES))]
+    for p in procs:
+        p.join(60)
+    out = {}
+    for phase in PHASES:
+        mine = [r for r in rows if r[0] == phase]
+        span = max(r[4] for r in mine) - min(r[3] for r in mine)
+        out[phase] = sum(r[2] for r in mine) / span
+    return out
+
+
+def measure(work: str, clients: int, files: int, repeats: int) -> dict[str, dict[str, float]]:
+    """Best of `repeats` runs per system and phase, systems interleaved (the machine is shared: the best
+    run is the one least disturbed). A fresh cluster per client count, so no GC backlog carries over."""
+    cluster = LocalCluster(os.path.join(work, f"cluster-{clients}"))
+    cluster.up(3, 3, meta=2)
+    best: dict[str, dict[str, float]] = {s: dict.fromkeys(PHASES, 0.0) for s in SYSTEMS}
+    try:
+        for rep in range(repeats):
+            tag = f"n{clients}-r{rep}"
+            targets = {"threefs": str(cluster.client_config_path),
+                       "meta no RPC": f"sqlite:///{work}/meta-{tag}.db",
+                       "raw KV": f"sqlite:///{work}/raw-{tag}.db",
+                       "local": os.path.join(work, "local", tag)}
+            os.makedirs(targets["local"])
+            for system in SYSTEMS:
+                rates = run_system(system, targets[system], clients, files, tag)
+                for phase in PHASES:
+                    best[system][phase] = max(best[system][phase], rates[phase])
+    finally:
+        cluster.down()
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--files", type=int, default=1600, help="files per run (split among clients)")
+    parser.add_argument("--clients", default="1,8", help="client counts to run, comma-separated")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per system; the best counts")
+    parser.add_argument("--dir", default=None, help="work directory (default: a temp dir, removed after)")
+    args = parser.parse_args()
+    work = args.dir or tempfile.mkdtemp(prefix="threefs-mdbench-")
+    table = []
+    try:
+        for n in [int(c) for c in args.clients.split(",")]:
+            best = measure(work, n, args.files, args.repeats)
+            for phase in PHASES:
+                table.append((phase, n, *(best[s][phase] for s in SYSTEMS)))
+    finally:
+        if args.dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"\n{'phase':<8} {'clients':>7} {'threefs/s':>10} {'no RPC/s':>10} {'raw KV/s':>10} "
+          f"{'local/s':>10} {'vs raw':>7} {'no RPC vs raw':>13} {'vs local':>8}")
+    for phase, n, ours, inproc, raw, local in table:
+        print(f"{phase:<8} {n:>7} {ours:>10,.0f} {inproc:>10,.0f} {raw:>10,.0f} {local:>10,.0f} "
+              f"{ours / raw:>6.2f}x {inproc / raw:>12.2f}x {ours / local:>7.3f}x")
+    print("(best of --repeats runs; readdir: entries listed per second; goal: threefs >= 0.5x raw KV)")
+
+
+if __name__ == "__main__":
+    main()

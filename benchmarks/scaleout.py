@@ -1,0 +1,179 @@
+"""Scale-out: aggregate read throughput over N storage hosts with capped links, and the KV commit rate of
+etcd beside SQLite.
+
+    .venv/bin/python benchmarks/scaleout.py reads [--hosts 1,2,3,4] [--mbit 200] [--mib 48]
+    .venv/bin/python benchmarks/scaleout.py kv [--seconds 3] [--tasks 1,8]
+
+reads (root: network namespaces, threefs/testing/netns.py): hosts ctl (mgmtd + meta), s1..sN (one storage
+service each, link capped to --mbit each way with tbf) and cli (uncapped), started with `threefs up --spec`.
+Chain table R=1, 2 targets per host, so a file's chunks spread over every host. The client writes a
+--mib MiB file, then 8 threads read it whole (1 MiB reads); MB/s = bytes read / time. Goal: N hosts >=
+0.8 * N x one host, as long as the client and the 2 cores are not the limit.
+
+kv: one process, `--tasks` concurrent asyncio tasks each running `engine.run` on a transaction shaped like a
+create (read a parent key, write an entry and an inode) for --seconds, on SQLite (a file) and on a real
+3-member etcd cluster on loopback (threefs/testing/etcd_cluster.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from threefs.kv import open_engine  # noqa: E402
+from threefs.testing.etcd_cluster import EtcdCluster  # noqa: E402
+from threefs.testing.netns import NetLab  # noqa: E402
+
+READERS = 8
+MIB = 1 << 20
+
+
+# -- client side, run inside the cli namespace -------------------------------------------------------------
+def client_main(command: str, conf: str, arg: str) -> None:
+    from threefs.client.client import Client
+
+    with Client.connect(conf) as fs:
+        if command == "write":
+            data = os.urandom(MIB) * int(arg)
+            with fs.open("/big", "wb") as f:
+                f.write(data)
+            print("written")
+            return
+        size = fs.stat("/big").length
+        errors: list[BaseException] = []
+
+        def reader() -> None:
+            try:
+                with fs.open("/big", "rb", buffering=0) as f:
+                    buf = bytearray(MIB)
+                    while f.readinto(buf):
+                        pass
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=reader) for _ in range(int(arg))]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - start
+        if errors:
+            raise errors[0]
+        print(f"{size * len(threads) / elapsed / 1e6:.1f}")
+
+
+# -- reads -----------------------------------------------------------------------------------------------
+def spec_text(work: Path, addrs: dict[str, str], storage: list[str]) -> str:
+    lines = [f'token_file = "{work / "token"}"', f'data_dir = "{work}/{{host}}"', "replicas = 1",
+             "targets_per_storage = 2", "[[hosts]]", 'name = "ctl"', f'address = "{addrs["ctl"]}"',
+             'services = ["mgmtd", "meta"]']
+    for name in storage:
+        lines += ["[[hosts]]", f'name = "{name}"', f'address = "{addrs[name]}"', 'services = ["storage"]']
+    return "\n".join(lines) + "\n"
+
+
+def read_throughput(n: int, mbit: int, mib: int) -> float:
+    with tempfile.TemporaryDirectory(prefix="threefs-scaleout-") as tmp, NetLab() as lab:
+        work = Path(tmp)
+        (work / "token").write_text("scaleout-token-" + "2" * 32 + "\n")
+        (work / "token").chmod(0o600)
+        storage = [f"s{i}" for i in range(1, n + 1)]
+        addrs = {h: lab.add_host(h).address for h in ["ctl", *storage, "cli"]}
+        for h in storage:
+            lab.cap(h, mbit)
+        spec = work / "hosts.toml"
+        spec.write_text(spec_text(work, addrs, storage))
+        for h in ["ctl", *storage]:
+            wait = ["--wait"] if h == storage[-1] else []
+            result = lab.run(h, [sys.executable, "-m", "threefs.cli.main", "up", "--spec", str(spec), *wait],
+                             timeout=120)
+            if result.returncode != 0:
+                raise SystemExit(f"up on {h} failed: {result.stderr[-2000:]}")
+        conf = str(work / storage[-1] / "client.toml")
+        me = [sys.executable, os.path.abspath(__file__), "_client"]
+        result = lab.run("cli", [*me, "write", conf, str(mib)], timeout=600)
+        if result.returncode != 0:
+            raise SystemExit(f"write failed: {result.stderr[-2000:]}")
+        result = lab.run("cli", [*me, "read", conf, str(READERS)], timeout=600)
+        if result.returncode != 0:
+            raise SystemExit(f"read failed: {result.stderr[-2000:]}")
+        return float(result.stdout.split()[-1])
+
+
+def cmd_reads(args) -> None:
+    base = None
+    print(f"aggregate read MB/s, each storage host capped at {args.mbit} Mbit/s ({args.mbit / 8:.1f} MB/s), "
+          f"{READERS} reader threads, {args.mib} MiB file, R=1")
+    for n in [int(x) for x in args.hosts.split(",")]:
+        rate = read_throughput(n, args.mbit, args.mib)
+        base = base or rate / n
+        print(f"  N={n}: {rate:7.1f} MB/s  = {rate / base:4.2f} x one host  (ideal {n}.00; link sum "
+              f"{n * args.mbit / 8:.1f} MB/s)", flush=True)
+
+
+# -- kv --------------------------------------------------------------------------------------------------
+async def kv_rate(url: str, tasks: int, seconds: float) -> float:
+    engine = await open_engine(url)
+    done = 0
+    stop = time.monotonic() + seconds
+
+    async def worker(w: int) -> None:
+        nonlocal done
+        i = 0
+        while time.monotonic() < stop:
+            async def create(tr, i=i):
+                await tr.get(b"dir/%d" % w)
+                tr.set(b"dentry/%d/%d" % (w, i), b"x" * 64)
+                tr.set(b"inode/%d/%d" % (w, i), b"y" * 128)
+
+            await engine.run(create)
+            done += 1
+            i += 1
+
+    try:
+        start = time.monotonic()
+        await asyncio.gather(*(worker(w) for w in range(tasks)))
+        return done / (time.monotonic() - start)
+    finally:
+        await engine.close()
+
+
+def cmd_kv(args) -> None:
+    with tempfile.TemporaryDirectory(prefix="threefs-kvrate-") as tmp:
+        with EtcdCluster(Path(tmp) / "etcd", members=3) as etcd:
+            for tasks in [int(x) for x in args.tasks.split(",")]:
+                for name, url in (("sqlite", f"sqlite:///{tmp}/kv.db"), ("etcd x3", etcd.kv_url(f"b{tasks}"))):
+                    rate = asyncio.run(kv_rate(url, tasks, args.seconds))
+                    print(f"  {name:8} {tasks:2} tasks: {rate:7.0f} create-shaped commits/s", flush=True)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_client":
+        client_main(*sys.argv[2:5])
+        return
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(required=True)
+    r = sub.add_parser("reads")
+    r.add_argument("--hosts", default="1,2,3,4")
+    r.add_argument("--mbit", type=int, default=200)
+    r.add_argument("--mib", type=int, default=48)
+    r.set_defaults(fn=cmd_reads)
+    k = sub.add_parser("kv")
+    k.add_argument("--seconds", type=float, default=3.0)
+    k.add_argument("--tasks", default="1,8")
+    k.set_defaults(fn=cmd_kv)
+    args = p.parse_args()
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install the system packages the FUSE mount needs (fuse3 for fusermount3; libfuse3-dev and pkg-config to
+# build pyfuse3). Idempotent: does nothing when they are present. Needs root (CI and dev machines are);
+# without root it says what to install and carries on, and the FUSE tests skip with that reason.
+# Called by scripts/test.sh and scripts/up.sh before scripts/setup-venv.sh.
+set -euo pipefail
+missing=()
+command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
+dpkg -s libfuse3-dev >/dev/null 2>&1 || missing+=(libfuse3-dev)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "setup-system: FUSE support needs: ${missing[*]} (install them as root); continuing without" >&2
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+# The package lists may be missing or stale on a fresh machine: update only when the install fails.
+if ! apt-get install -y -q "${missing[@]}" >/dev/null 2>&1; then
+  apt-get update -q >/dev/null
+  apt-get install -y -q "${missing[@]}" >/dev/null
+fi
+echo "setup-system: installed ${missing[*]}"

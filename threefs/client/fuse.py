@@ -1,0 +1,416 @@
+"""The FUSE file system: pyfuse3's low-level (inode) API over the asyncio client, in one event loop.
+
+pyfuse3 runs in asyncio mode (`pyfuse3.asyncio.enable()`), so kernel requests and the client's RPCs
+share one uvloop loop and no request crosses a thread. Data goes straight between the kernel's request
+buffers and storage; meta is asked only for namespace operations, open and close.
+
+- reads: any handle, clamped to the length this daemon knows (meta's, raised by writes in flight);
+- writes: write-behind per handle (fuse_writeback.WriteBehind); flush (every close(2)) and fsync
+  drain it and publish the length to meta, release ends the write session;
+- errors: every ThreeFSError/OSError becomes its errno; anything else is logged and becomes EIO.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import errno
+import functools
+import itertools
+import logging
+import os
+import stat
+from dataclasses import dataclass, field
+
+import msgspec
+import pyfuse3
+
+from threefs.client.batch import ReadCoalescer
+from threefs.client.file import segment_bytes
+from threefs.client.fuse_namespace import FUSE_ROOT, Namespace, decode, to_fuse
+from threefs.client.fuse_readahead import ReadAhead
+from threefs.client.fuse_writeback import WriteBehind
+from threefs.common import limits
+from threefs.common.buffers import BufferPool
+from threefs.common.status import errno_of
+from threefs.rpc.schemas import meta as m
+
+log = logging.getLogger(__name__)
+
+TYPE_BITS = {m.FILE: stat.S_IFREG, m.DIRECTORY: stat.S_IFDIR, m.SYMLINK: stat.S_IFLNK}
+OPEN_FLAGS_PASSED = os.O_ACCMODE | os.O_CREAT | os.O_EXCL | os.O_TRUNC | os.O_APPEND
+READDIR_LOOKUP_BATCH = 64  # entries whose attributes one readdir call fetches concurrently
+STATFS_BLOCK_BYTES = 4096
+READ_POOL_BYTES_MAX = 64 * limits.MiB  # reply buffers kept for reuse (fresh pages fault per 4 KiB)
+
+
+@dataclass
+class MountOptions:
+    attr_timeout_s: float = 1.0  # how long the kernel may cache attributes and names
+    direct_io: bool = False  # bypass the page cache (every read/write reaches the daemon)
+    writeback_cache: bool = True  # the kernel gathers small writes into large ones
+    write_behind_bytes: int = 64 * limits.MiB  # per open file
+    read_ahead_bytes: int = 16 * limits.MiB  # prefetched per sequentially read open file
+    read_ahead_kb: int = 4096  # the mount's bdi read_ahead_kb (FUSE requests are at most 1 MiB)
+    allow_other: bool = False
+
+
+@dataclass
+class Handle:
+    ino: int
+    attr: m.InodeAttr
+    session: str
+    writer: WriteBehind | None
+    reader: ReadAhead
+    written_end: int = -1  # highest end written through this handle
+    published_end: int = -1  # highest end meta has been told about
+    truncated: bool = False  # the session's truncate version is stale: hints go with attr's
+
+
+@dataclass
+class DirHandle:
+    """An open directory: its entries, fetched a page at a time as the kernel reads on."""
+
+    ino: int
+    user: m.UserCred | None
+    entries: list[m.DirEntry] = field(default_factory=list)
+    more: bool = True
+    attrs: dict[int, m.InodeAttr | None] = field(default_factory=dict)  # index -> attr
+
+
+def fuse_errors(fn):
+    """Report every failure to the kernel as an errno (pyfuse3 accepts only FUSEError)."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args, **kwargs):
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except OSError as e:  # ThreeFSErrors are OSErrors with the matching errno
+            log.debug("%s: %s", fn.__name__, e)
+            if getattr(e, "errno", None) in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EIO):
+                log.warning("%s: %s", fn.__name__, e)
+            raise pyfuse3.FUSEError(errno_of(e)) from None
+        except Exception:
+            log.exception("%s failed", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+class ThreeFSOperations(pyfuse3.Operations):
+    supports_dot_lookup = False
+
+    def __init__(self, aio, options: MountOptions):
+        super().__init__()
+        self.aio = aio
+        self.options = options
+        self.enable_writeback_cache = options.writeback_cache and not options.direct_io
+        self.ns = Namespace(aio)
+        self._handles: dict[int, Handle] = {}
+        self._dirs: dict[int, DirHandle] = {}
+        self._fh = itertools.count(1)
+        self._meta_length: dict[int, int] = {}  # the latest length meta reported per inode
+        self.initialized = asyncio.Event()  # set when the kernel's INIT request arrives
+        self._pool = BufferPool(bytes_max=READ_POOL_BYTES_MAX)
+        self._coalescer = ReadCoalescer(aio)
+        self._reading = 0
+        self.stats = collections.Counter()  # logged at unmount
+
+    def init(self) -> None:
+        self.initialized.set()
+
+    # -- attributes ------------------------------------------------------------------------------
+    def _length(self, ino: int, length: int) -> int:
+        """meta's length raised by this daemon's writes that meta does not know yet."""
+        length = max(length, self._meta_length.get(ino, -1))
+        for h in self._handles.values():
+            if h.ino == ino:
+                length = max(length, h.written_end)
+        return length
+
+    def entry(self, attr: m.InodeAttr) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = to_fuse(attr.inode)
+        e.generation = 0
+        e.entry_timeout = e.attr_timeout = self.options.attr_timeout_s
+        e.st_mode = TYPE_BITS.get(attr.type, stat.S_IFREG) | (attr.mode & 0o7777)
+        e.st_nlink = attr.nlink
+        e.st_uid, e.st_gid = attr.uid, attr.gid
+        e.st_rdev = 0
+        if attr.type == m.SYMLINK:
+            e.st_size = len(os.fsencode(attr.symlink_target))
+        else:
+            if attr.type == m.FILE:
+                self._meta_length[e.st_ino] = attr.length
+            e.st_size = self._length(e.st_ino, attr.length)
+        e.st_blksize = attr.layout.chunk_size if attr.layout and attr.type == m.FILE else 4096
+        e.st_blocks = -(-e.st_size // 512)
+        e.st_atime_ns, e.st_mtime_ns, e.st_ctime_ns = attr.atime_ns, attr.mtime_ns, attr.ctime_ns
+        return e
+
+    def _found(self, attr: m.InodeAttr) -> pyfuse3.EntryAttributes:
+        """A reply that gives the kernel a reference to attr's inode (lookup, create, mkdir, ...)."""
+        self.ns.remember(to_fuse(attr.inode))
+        return self.entry(attr)
+
+    @fuse_errors
+    async def lookup(self, parent_inode, name, ctx=None):
+        name = decode(name)
+        user = self.ns.user(ctx)
+        if name == ".":
+            return self._found(await self.ns.getattr(parent_inode, user))
+        return self._found(await self.ns.lookup(parent_inode, name, user))
+
+    async def forget(self, inode_list):
+        for ino, count in inode_list:
+            if self.ns.forget(ino, count):
+                self._meta_length.pop(ino, None)
+
+    @fuse_errors
+    async def getattr(self, inode, ctx=None):
+        return self.entry(await self.ns.getattr(inode, self.ns.user(ctx)))
+
+    @fuse_errors
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        user = self.ns.user(ctx)
+        if fields.update_size:
+            await self._truncate(inode, attr.st_size, user)
+        changes = {}
+        if fields.update_mode:
+            changes["mode"] = stat.S_IMODE(attr.st_mode)
+        if fields.update_uid:
+            changes["uid"] = attr.st_uid
+        if fields.update_gid:
+            changes["gid"] = attr.st_gid
+        if fields.update_atime:
+            changes["atime_ns"] = attr.st_atime_ns
+        if fields.update_mtime:
+            changes["mtime_ns"] = attr.st_mtime_ns
+        if changes:
+            return self.entry(await self.ns.setattr(inode, user, **changes))
+        return self.entry(await self.ns.getattr(inode, user))
+
+    async def _truncate(self, ino: int, length: int, user) -> None:
+        for h in list(self._handles.values()):
+            if h.ino == ino and h.writer is not None:
+                await h.writer.flush()  # written bytes land before the cut
+        attr = await self.ns.setattr(ino, user, length=length)
+        self._drop_read_ahead(ino)
+        for h in self._handles.values():
+            if h.ino == ino:  # later hints refer to the new truncate version, and never reach past it
+                h.written_end = min(h.written_end, length)
+                h.published_end = min(h.published_end, length)
+                h.attr, h.truncated = attr, True
+                if h.writer is not None:
+                    h.writer.attr = attr
+                    h.writer.discard_before(length)
+
+    @fuse_errors
+    async def readlink(self, inode, ctx):
+        return os.fsencode(await self.ns.readlink(inode, self.ns.user(ctx)))
+
+    # -- namespace -------------------------------------------------------------------------------
+    @fuse_errors
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        attr = await self.ns.mkdir(parent_inode, decode(name), stat.S_IMODE(mode), self.ns.user(ctx))
+        return self._found(attr)
+
+    @fuse_errors
+    async def unlink(self, parent_inode, name, ctx):
+        await self.ns.unlink(parent_inode, decode(name), self.ns.user(ctx))
+
+    @fuse_errors
+    async def rmdir(self, parent_inode, name, ctx):
+        await self.ns.rmdir(parent_inode, decode(name), self.ns.user(ctx))
+
+    @fuse_errors
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            raise pyfuse3.FUSEError(errno.EINVAL)  # meta has no atomic exchange
+        await self.ns.rename(parent_inode_old, decode(name_old), parent_inode_new, decode(name_new),
+                             bool(flags & pyfuse3.RENAME_NOREPLACE), self.ns.user(ctx))
+
+    @fuse_errors
+    async def symlink(self, parent_inode, name, target, ctx):
+        attr = await self.ns.symlink(parent_inode, decode(name), decode(target), self.ns.user(ctx))
+        return self._found(attr)
+
+    @fuse_errors
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        return self._found(await self.ns.link(inode, new_parent_inode, decode(new_name), self.ns.user(ctx)))
+
+    @fuse_errors
+    async def statfs(self, ctx):
+        rsp = await self.ns.statfs()
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = STATFS_BLOCK_BYTES
+        s.f_blocks = rsp.capacity_bytes // STATFS_BLOCK_BYTES
+        s.f_bfree = s.f_bavail = rsp.free_bytes // STATFS_BLOCK_BYTES
+        s.f_files = s.f_ffree = s.f_favail = 0  # inodes are not a limited resource here
+        s.f_namemax = limits.NAME_BYTES_MAX
+        return s
+
+    # -- directories -----------------------------------------------------------------------------
+    @fuse_errors
+    async def opendir(self, inode, ctx):
+        user = self.ns.user(ctx)
+        await self.ns.getattr(inode, user)  # ENOENT / ENOTDIR now, not at the first readdir
+        fh = next(self._fh)
+        self._dirs[fh] = DirHandle(inode, user)
+        return fh
+
+    @fuse_errors
+    async def readdir(self, fh, start_id, token):
+        d = self._dirs[fh]
+        i = start_id
+        while True:
+            if i >= len(d.entries):
+                if not d.more:
+                    return
+                after = d.entries[-1].name if d.entries else ""
+                page, d.more = await self.ns.readdir_page(d.ino, after, d.user)
+                d.entries.extend(page)
+                continue
+            if i not in d.attrs:
+                await self._dir_attrs(d, i)
+            attr = d.attrs[i]
+            if attr is not None:  # None: removed since the listing
+                if not pyfuse3.readdir_reply(token, os.fsencode(d.entries[i].name), self.entry(attr), i + 1):
+                    return
+                self.ns.remember(to_fuse(attr.inode))
+            i += 1
+
+    async def _dir_attrs(self, d: DirHandle, first: int) -> None:
+        names = [e.name for e in d.entries[first:first + READDIR_LOOKUP_BATCH]]
+        for k, attr in enumerate(await self.ns.lookup_many(d.ino, names, d.user)):
+            d.attrs[first + k] = attr
+
+    async def releasedir(self, fh):
+        self._dirs.pop(fh, None)
+
+    # -- files -----------------------------------------------------------------------------------
+    def _open_handle(self, ino: int, rsp: m.OpenRsp, flags: int) -> pyfuse3.FileInfo:
+        writer = None
+        if flags & os.O_ACCMODE != os.O_RDONLY or self.enable_writeback_cache:
+            writer = WriteBehind(self.aio, rsp.attr, segment_bytes(rsp.attr.layout.chunk_size),
+                                 self.options.write_behind_bytes)
+        seg = segment_bytes(rsp.attr.layout.chunk_size)
+        fh = next(self._fh)
+        self._handles[fh] = Handle(ino, rsp.attr, rsp.session, writer,
+                                   ReadAhead(self.aio, self._pool, seg, self.options.read_ahead_bytes,
+                                             self._coalescer))
+        return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io, keep_cache=False)
+
+    @fuse_errors
+    async def open(self, inode, flags, ctx):
+        flags &= OPEN_FLAGS_PASSED
+        rsp = await self.ns.open(inode, flags, self.ns.user(ctx))
+        if rsp.attr.type != m.FILE:
+            raise pyfuse3.FUSEError(errno.EISDIR if rsp.attr.type == m.DIRECTORY else errno.EINVAL)
+        return self._open_handle(inode, rsp, flags)
+
+    @fuse_errors
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        flags &= OPEN_FLAGS_PASSED
+        rsp = await self.ns.create(parent_inode, decode(name), flags, stat.S_IMODE(mode), self.ns.user(ctx))
+        entry = self._found(rsp.attr)
+        return self._open_handle(entry.st_ino, rsp, flags), entry
+
+    @fuse_errors
+    async def read(self, fh, off, size):
+        h = self._handles[fh]
+        await self._drain_inode(h.ino)  # reads see every write this daemon took
+        length = self._length(h.ino, h.attr.length)
+        n = max(0, min(size, length - off))
+        if n == 0:
+            return b""
+        self.stats["reads"] += 1
+        self.stats["read_bytes"] += n
+        self._reading += 1
+        self.stats["reads_inflight_max"] = max(self.stats["reads_inflight_max"], self._reading)
+        try:
+            # pyfuse3 copies the reply to the kernel as soon as this coroutine returns, in this same
+            # event loop step; call_soon runs after that step, so buffers are reused only then.
+            return await h.reader.read(_with_length(h.attr, length), off, n,
+                                       asyncio.get_running_loop().call_soon)
+        finally:
+            self._reading -= 1
+
+    @fuse_errors
+    async def write(self, fh, off, buf):
+        h = self._handles[fh]
+        self.stats["writes"] += 1
+        self.stats["write_bytes"] += len(buf)
+        if h.writer is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        self._drop_read_ahead(h.ino)
+        await h.writer.write(off, buf)
+        h.written_end = max(h.written_end, off + len(buf))
+        return len(buf)
+
+    def _drop_read_ahead(self, ino: int) -> None:
+        for other in self._handles.values():
+            if other.ino == ino:
+                other.reader.drop()
+
+    async def _drain_inode(self, ino: int) -> None:
+        for h in list(self._handles.values()):
+            if h.ino == ino and h.writer is not None and h.writer.dirty:
+                await h.writer.flush()
+
+    async def _sync(self, h: Handle, end_session: bool) -> None:
+        """Drain the handle's writes, then publish its length (and end its session)."""
+        err = None
+        if h.writer is not None:
+            try:
+                await h.writer.flush()
+            except Exception as e:
+                err = e
+                h.written_end = min(h.written_end, h.writer.acked_end)
+        if h.written_end > h.published_end and (h.truncated or not end_session):
+            h.attr = await self.ns.sync(h.attr, h.session, h.written_end)
+            h.published_end = h.written_end
+        if end_session and h.session:
+            hint = h.written_end if h.written_end > h.published_end else -1
+            h.attr = await self.ns.close(h.attr.inode, h.session, hint)
+            h.published_end = max(h.published_end, h.written_end)
+        if err is not None:
+            raise err
+
+    @fuse_errors
+    async def flush(self, fh):
+        await self._sync(self._handles[fh], end_session=False)
+
+    @fuse_errors
+    async def fsync(self, fh, datasync):
+        await self._sync(self._handles[fh], end_session=False)
+
+    @fuse_errors
+    async def release(self, fh):
+        h = self._handles[fh]
+        try:
+            await self._sync(h, end_session=True)
+        finally:
+            del self._handles[fh]
+            h.reader.drop()
+
+    async def release_all(self) -> None:
+        """At unmount: end every session still open (the kernel may not send release any more)."""
+        for fh in list(self._handles):
+            try:
+                await self.release(fh)
+            except pyfuse3.FUSEError as e:
+                log.warning("closing handle %s at unmount: %s", fh, os.strerror(e.errno))
+
+    @fuse_errors
+    async def access(self, inode, mode, ctx):
+        return True  # default_permissions: the kernel checks the mode bits itself
+
+
+def _with_length(a: m.InodeAttr, length: int) -> m.InodeAttr:
+    return a if length == a.length else msgspec.structs.replace(a, length=length)
+
+
+__all__ = ["FUSE_ROOT", "MountOptions", "ThreeFSOperations"]

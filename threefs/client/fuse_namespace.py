@@ -1,0 +1,144 @@
+"""The FUSE daemon's view of the namespace: kernel inode numbers and the meta operations the daemon
+needs, on (parent inode, name) and inodes as FUSE gives them, each acting for the calling process.
+
+Inode numbers: threefs's root is inode 0 and FUSE's is 1 (threefs inode 1 is the GC root, never visible),
+so the root is swapped and every other inode keeps its number: `st_ino` equals `threefs stat`'s inode.
+
+Meta resolves (parent inode, name) and inodes itself (3FS's "path at"), so the daemon keeps no paths:
+a rename or unlink elsewhere can never make it act on the wrong file. Every call carries the caller's
+uid, gid and groups (the daemon's cluster token may act for any user), so meta checks permissions and
+new files belong to whoever created them.
+"""
+
+from __future__ import annotations
+
+import time
+
+from threefs.common import limits
+from threefs.common.ids import ROOT_INODE as META_ROOT
+from threefs.rpc.schemas import meta as m
+
+FUSE_ROOT = 1
+GROUPS_CACHE_S = 1.0  # supplementary groups of a pid are read from /proc at most this often
+GROUPS_CACHE_MAX = 1024
+GIDS_MAX = 64  # meta's limit (meta/users.py)
+
+
+def to_fuse(inode: int) -> int:
+    return FUSE_ROOT if inode == META_ROOT else inode
+
+
+def to_meta(ino: int) -> int:
+    return META_ROOT if ino == FUSE_ROOT else ino
+
+
+def decode(name: bytes) -> str:
+    """FUSE names are bytes; meta stores str, with surrogateescape for bytes that are not UTF-8."""
+    return name.decode("utf-8", "surrogateescape")
+
+
+class Namespace:
+    def __init__(self, aio):
+        self.aio = aio
+        self._lookups: dict[int, int] = {}  # the kernel's references per fuse ino
+        self._groups: dict[int, tuple[float, tuple[int, ...]]] = {}
+
+    # -- the kernel's references -----------------------------------------------------------------
+    def remember(self, ino: int) -> None:
+        if ino != FUSE_ROOT:
+            self._lookups[ino] = self._lookups.get(ino, 0) + 1
+
+    def forget(self, ino: int, count: int) -> bool:
+        """Drop `count` references; True when the kernel holds none any more."""
+        left = self._lookups.get(ino, 0) - count
+        if left > 0:
+            self._lookups[ino] = left
+            return False
+        self._lookups.pop(ino, None)
+        return True
+
+    def known(self) -> int:
+        return len(self._lookups)
+
+    # -- who is calling --------------------------------------------------------------------------
+    def user(self, ctx) -> m.UserCred | None:
+        """The calling process's credentials (None when the kernel gave no context)."""
+        if ctx is None:
+            return None
+        return m.UserCred(ctx.uid, ctx.gid, self._sup_groups(ctx.pid, ctx.gid))
+
+    def _sup_groups(self, pid: int, gid: int) -> tuple[int, ...]:
+        now = time.monotonic()
+        hit = self._groups.get(pid)
+        if hit is not None and now - hit[0] < GROUPS_CACHE_S:
+            return hit[1]
+        import pyfuse3
+
+        try:
+            groups = tuple(sorted(g for g in pyfuse3.get_sup_groups(pid) if g != gid))[:GIDS_MAX]
+        except (OSError, RuntimeError):  # the process is gone: its primary group is all we know
+            groups = ()
+        if len(self._groups) >= GROUPS_CACHE_MAX:
+            self._groups.clear()
+        self._groups[pid] = (now, groups)
+        return groups
+
+    # -- meta operations -------------------------------------------------------------------------
+    async def lookup(self, parent: int, name: str, user) -> m.InodeAttr:
+        return await self.aio.lookup(to_meta(parent), name, user)
+
+    async def getattr(self, ino: int, user) -> m.InodeAttr:
+        return await self.aio.getattr(to_meta(ino), user)
+
+    async def readdir_page(self, ino: int, after: str, user) -> tuple[list[m.DirEntry], bool]:
+        """Entries after the name `after`, one page, and whether more follow."""
+        rsp = await self.aio.readdir("", after, limits.READDIR_PAGE_MAX, parent=to_meta(ino), user=user)
+        return rsp.entries, rsp.more and bool(rsp.entries)
+
+    async def lookup_many(self, parent: int, names: list[str], user) -> list[m.InodeAttr | None]:
+        """Attributes of several entries of one directory in one meta call (None: gone meanwhile)."""
+        assert len(names) <= limits.BATCH_STAT_MAX
+        out = await self.aio.batch_stat([(to_meta(parent), n) for n in names], follow=False, user=user)
+        return [a if isinstance(a, m.InodeAttr) else None for a in out]
+
+    async def mkdir(self, parent: int, name: str, mode: int, user) -> m.InodeAttr:
+        return await self.aio.mkdir_at(to_meta(parent), name, mode, user)
+
+    async def create(self, parent: int, name: str, flags: int, mode: int, user) -> m.OpenRsp:
+        return await self.aio.create_at(to_meta(parent), name, flags, mode, user)
+
+    async def open(self, ino: int, flags: int, user) -> m.OpenRsp:
+        return await self.aio.open_inode(to_meta(ino), flags, user)
+
+    async def unlink(self, parent: int, name: str, user) -> None:
+        await self.aio.unlink_at(to_meta(parent), name, user)
+
+    async def rmdir(self, parent: int, name: str, user) -> None:
+        await self.aio.rmdir_at(to_meta(parent), name, user)
+
+    async def rename(self, parent: int, name: str, new_parent: int, new_name: str, noreplace: bool,
+                     user) -> None:
+        await self.aio.rename_at(to_meta(parent), name, to_meta(new_parent), new_name, noreplace, user)
+
+    async def setattr(self, ino: int, user, **fields) -> m.InodeAttr:
+        """chmod / chown / utimens / truncate (length=...) of the inode itself."""
+        return await self.aio.setattr("", parent=to_meta(ino), follow=False, user=user, **fields)
+
+    async def symlink(self, parent: int, name: str, target: str, user) -> m.InodeAttr:
+        return await self.aio.symlink_at(to_meta(parent), name, target, user)
+
+    async def link(self, ino: int, new_parent: int, new_name: str, user) -> m.InodeAttr:
+        return await self.aio.link_at(to_meta(ino), to_meta(new_parent), new_name, user)
+
+    async def readlink(self, ino: int, user) -> str:
+        return await self.aio.readlink("", parent=to_meta(ino), user=user)
+
+    async def sync(self, attr: m.InodeAttr, session: str, length_hint: int) -> m.InodeAttr:
+        """Publish a writer's length (valid for the truncate version the writer knows)."""
+        return await self.aio.sync_file(attr.inode, session, length_hint, attr.truncate_ver)
+
+    async def close(self, inode: int, session: str, length_hint: int) -> m.InodeAttr:
+        return await self.aio.close_file(inode, session, length_hint)
+
+    async def statfs(self) -> m.StatfsRsp:
+        return await self.aio.statfs()

@@ -1,0 +1,155 @@
+"""Integrity: a background scrub re-reads every chunk and checks its CRC32C; a corrupted chunk (found by
+the scrub or by a full-chunk read) is reported and replaced by a verified copy from a SERVING peer.
+
+Repair keeps the chunk's versions: it fetches the peer's committed bytes of the same version, checks
+them against the peer's checksum, and rewrites the local copy under the chunk lock (remove + write +
+commit, as a resync does), so the replica again matches its chain exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import crc32c
+import msgspec
+
+from threefs.common.status import StatusCode, ThreeFSError, status_error
+from threefs.mgmtd.chain_state import serving_targets
+from threefs.rpc.schemas import storage as ss
+from threefs.rpc.server import CallContext, rpc
+
+log = logging.getLogger(__name__)
+
+SCRUB_BATCH = 64  # chunks verified per disk-pool call (bounds how long one call holds a thread)
+CORRUPTIONS_KEPT = 100  # recent reports kept for status
+
+
+@dataclass
+class Corruption:
+    time_ns: int
+    target_id: int
+    chunk_id: bytes
+    found_by: str  # "scrub" | "read"
+    repaired: bool = False
+    detail: str = ""
+
+
+class ScrubReq(msgspec.Struct):
+    target_id: int = 0  # 0 = every target of this service
+
+
+class ScrubRsp(msgspec.Struct):
+    checked: int
+    corrupted: int
+    repaired: int
+
+
+class Scrubber:
+    def __init__(self, service, interval_s: float):
+        self.svc = service
+        self.interval_s = interval_s
+        self.reports: list[Corruption] = []
+        self.checked = self.corrupted = self.repaired = 0
+        self._repairing: set[tuple[int, bytes]] = set()
+
+    async def run(self) -> None:
+        """Runs for the service's lifetime: one full pass over every target per interval."""
+        if self.interval_s <= 0:
+            return
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.scrub_all()
+            except Exception:
+                log.exception("scrub pass failed; retrying next interval")
+
+    async def scrub_all(self, target_id: int = 0) -> ScrubRsp:
+        before = (self.checked, self.corrupted, self.repaired)
+        for tid, engine in sorted(self.svc.engines.items()):
+            if target_id and tid != target_id:
+                continue
+            ids = [m.chunk_id for m in await self.svc._disk(engine.iter_metas) if m.commit_ver]
+            for i in range(0, len(ids), SCRUB_BATCH):
+                batch = ids[i:i + SCRUB_BATCH]
+                bad = await self.svc._disk(lambda b=batch, e=engine: [c for c in b if not e.verify(c)])
+                self.checked += len(batch)
+                for cid in bad:
+                    await self.report(tid, cid, "scrub")
+        return ScrubRsp(self.checked - before[0], self.corrupted - before[1], self.repaired - before[2])
+
+    async def report(self, target_id: int, chunk_id: bytes, found_by: str) -> None:
+        """Record a corruption and repair it (once at a time per chunk)."""
+        key = (target_id, chunk_id)
+        if key in self._repairing:
+            return
+        self._repairing.add(key)
+        entry = Corruption(time.time_ns(), target_id, chunk_id, found_by)
+        self.corrupted += 1
+        self.reports = (self.reports + [entry])[-CORRUPTIONS_KEPT:]
+        log.error("target %d: chunk %s fails its checksum (found by %s); repairing from a peer",
+                  target_id, chunk_id.hex(), found_by)
+        try:
+            await self.repair(target_id, chunk_id)
+            entry.repaired = True
+            self.repaired += 1
+            log.warning("target %d: chunk %s repaired", target_id, chunk_id.hex())
+        except ThreeFSError as e:
+            entry.detail = e.message
+            log.error("target %d: chunk %s NOT repaired: %s", target_id, chunk_id.hex(), e.message)
+        finally:
+            self._repairing.discard(key)
+
+    def _chain_of(self, target_id: int):
+        routing = self.svc.mgmtd.routing
+        info = routing.info.targets.get(target_id) if routing else None
+        if info is None or not info.chain_id:
+            raise status_error(StatusCode.TARGET_NOT_FOUND, f"target {target_id} is in no chain")
+        return routing, routing.chain(info.chain_id)
+
+    async def repair(self, target_id: int, chunk_id: bytes) -> None:
+        engine = self.svc.engines[target_id]
+        lock = self.svc._lock(target_id, chunk_id)
+        async with lock:
+            meta = engine.get_meta(chunk_id)
+            if meta is None or not meta.commit_ver:
+                return  # removed meanwhile
+            if await self.svc._disk(engine.verify, chunk_id):
+                return  # rewritten meanwhile by an update
+            data = await self._fetch_good_copy(target_id, chunk_id, meta)
+            ver, chain_ver = meta.commit_ver, meta.chain_ver
+            await self.svc._disk(engine.remove, chunk_id, update_ver=ver + 1, chain_ver=chain_ver)
+            await self.svc._disk(engine.commit, chunk_id, ver + 1, chain_ver=chain_ver)
+            await self.svc._disk(engine.write, chunk_id, update_ver=ver, chain_ver=chain_ver, offset=0,
+                                 data=data, chunk_size=max(len(data), 1), full_replace=True)
+            fixed = await self.svc._disk(engine.commit, chunk_id, ver, chain_ver=chain_ver)
+            assert fixed.crc == crc32c.crc32c(data)
+
+    async def _fetch_good_copy(self, target_id: int, chunk_id: bytes, meta) -> bytes:
+        routing, chain = self._chain_of(target_id)
+        errors = []
+        for peer in serving_targets(chain):
+            if peer == target_id:
+                continue
+            io = ss.ReadIO(chain.chain_id, peer, chunk_id, 0, meta.length)
+            try:
+                rsp, payload = await self.svc.rpc.call(routing.target_addr(peer), "storage.batch_read",
+                                                       ss.BatchReadReq([io]), ss.BatchReadRsp)
+            except ThreeFSError as e:
+                errors.append(f"target {peer}: {e.message}")
+                continue
+            r = rsp.results[0]
+            data = bytes(payload[:r.length]) if payload is not None else b""
+            if r.status or r.commit_ver != meta.commit_ver or crc32c.crc32c(data) != r.chunk_crc:
+                errors.append(f"target {peer}: status {r.status}, version {r.commit_ver}")
+                continue
+            return data
+        raise status_error(StatusCode.CHECKSUM_MISMATCH, f"no verified copy of chunk {chunk_id.hex()} "
+                           f"(version {meta.commit_ver}) on another SERVING replica: {'; '.join(errors)}")
+
+    @rpc(ScrubReq)
+    async def scrub(self, ctx: CallContext, req: ScrubReq) -> ScrubRsp:
+        """Run a scrub pass now (admin, tests)."""
+        return await self.scrub_all(req.target_id)
