@@ -70,6 +70,7 @@ class ServiceMetrics:
         self.payload = Counter("threefs_rpc_payload_bytes", "bulk payload bytes, by method and direction",
                                ["method", "direction"], registry=self.registry)
         self._methods: set[str] = set()
+        self._children: dict[tuple, object] = {}  # bounded: METHODS_MAX methods x statuses x directions
         self.sources: list[GaugeSource] = [
             lambda: [Sample("threefs_service_info", "this process", {"service": service,
                                                                     "node_id": str(node_id)}, 1)]]
@@ -83,12 +84,20 @@ class ServiceMetrics:
                                                  and len(self._methods) >= METHODS_MAX):
             method = "other"
         self._methods.add(method)
-        self.requests.labels(method, code.name if code is not None else "OK").inc()
-        self.latency.labels(method).observe(seconds)
+        self._child(self.requests, method, code.name if code is not None else "OK").inc()
+        self._child(self.latency, method).observe(seconds)
         if bytes_in:
-            self.payload.labels(method, "in").inc(bytes_in)
+            self._child(self.payload, method, "in").inc(bytes_in)
         if bytes_out:
-            self.payload.labels(method, "out").inc(bytes_out)
+            self._child(self.payload, method, "out").inc(bytes_out)
+
+    def _child(self, metric, *labels):
+        """metric.labels(*labels), cached: .labels() validates and locks on every call (hot path)."""
+        key = (metric._name, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def add_gauges(self, source: GaugeSource) -> None:
         self.sources.append(source)
