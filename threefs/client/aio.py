@@ -44,10 +44,11 @@ class AsyncClient:
         return self
 
     async def close(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
-        if self._keepalive is not None:  # [meta]
-            self._keepalive.cancel()
+        """Stop the background tasks (awaiting them, so none is left pending) and the connections."""
+        tasks = [t for t in (self._refresher, self._keepalive, self.mgmtd._refreshing) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.rpc.close()
 
     # -- meta ------------------------------------------------------------------------------------

@@ -204,6 +204,10 @@ class RpcClient:
             conn.transport.close()
 
     async def close(self) -> None:
+        connecting = list(self._connecting.values())
+        for task in connecting:
+            task.cancel()
+        await asyncio.gather(*connecting, return_exceptions=True)
         for addr in list(self._conns):
             self.drop(addr)
         await asyncio.sleep(0)

@@ -230,8 +230,11 @@ class StorageService:
                 return await self._disk(engine.commit, e.chunk_id, e.update_ver, chain_ver=e.chain_ver)
             if isinstance(e, craq.Forward):
                 routing = await self.mgmtd.get()
+                # a successor silent for a heartbeat timeout is being failed by mgmtd: give up on this
+                # attempt and let the flow refresh routing (a cut link must not stall writes for 30 s)
                 rsp, _ = await self.rpc.call(routing.target_addr(e.target_id), "storage.update", e.req,
-                                             ss.UpdateRsp, payload=e.payload)
+                                             ss.UpdateRsp, payload=e.payload,
+                                             timeout=self.config.heartbeat_timeout_s)
                 return rsp
             if isinstance(e, craq.ReadNewest):
                 data, _ = await self._disk(engine.read, e.chunk_id, 0, e.chunk_size, pending=True)
