@@ -87,14 +87,14 @@ def threefs_io(fs: Client, total: int, seconds: float) -> dict[str, float]:
 def resync_speed(cluster: LocalCluster, fs: Client, nbytes: int) -> tuple[float, float]:
     """(GB/s, seconds): data written while storage-2 was down, caught up after its restart."""
     cluster.kill("storage-2")
-    wait_for(lambda: not all_serving(fs), 60, "storage-2's targets to leave SERVING")
+    wait_for(lambda: not all_serving(fs), "storage-2's targets to leave SERVING", 60)
     data = bytearray(os.urandom(PIECE))
     with fs.open("/bench/while-down", "wb", buffering=0) as f:
         for _ in range(nbytes // PIECE):
             f.write(data)
     t0 = time.perf_counter()
     cluster.up()
-    wait_for(lambda: all_serving(fs), 600, "the restarted targets to return to SERVING", interval=0.05)
+    wait_for(lambda: all_serving(fs), "the restarted targets to return to SERVING", 600, interval=0.05)
     seconds = time.perf_counter() - t0
     return nbytes / seconds / 1e9, seconds
 

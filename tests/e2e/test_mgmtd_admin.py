@@ -12,18 +12,13 @@ from threefs.common.status import StatusCode, ThreeFSError
 from threefs.rpc.client import RpcClient
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas.common import Empty
+from threefs.testing import checks
 
 DEADLINE_S = 30.0
 
 
 def wait_for(predicate, what: str, timeout: float = DEADLINE_S, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return checks.wait_for(predicate, what, timeout, interval)
 
 
 def routing(fs: Client) -> ms.RoutingInfo:

@@ -55,17 +55,17 @@ def test_kill9_under_write_load_loses_no_acknowledged_write(private_cluster, rng
     with Client.connect(str(cluster.client_config_path)) as fs:
         fs.mkdir("/load")
         with WriteLoad(fs, rng, "/load") as load:
-            wait_for(lambda: len(load.acked) >= 3, 60, "a few writes before the kill")
+            wait_for(lambda: len(load.acked) >= 3, "a few writes before the kill", 60)
             cluster.kill(victim)
             node = 100 + int(victim.split("-")[1])
             wait_for(lambda: not any(t.public_state == "SERVING" for t in routing(fs).targets.values()
-                                     if t.node_id == node), 30, f"{victim}'s targets to leave SERVING")
+                                     if t.node_id == node), f"{victim}'s targets to leave SERVING", 30)
             n = len(load.acked)
-            wait_for(lambda: len(load.acked) >= n + 3, 60, "writes to continue without the victim")
+            wait_for(lambda: len(load.acked) >= n + 3, "writes to continue without the victim", 60)
             cluster.up()  # restart the victim with its old identity
-            wait_for(lambda: all_serving(fs), 90, "the restarted targets to resync to SERVING")
+            wait_for(lambda: all_serving(fs), "the restarted targets to resync to SERVING", 90)
             n = len(load.acked)
-            wait_for(lambda: len(load.acked) >= n + 2, 60, "writes after the rejoin")
+            wait_for(lambda: len(load.acked) >= n + 2, "writes after the rejoin", 60)
         assert len(load.acked) >= 8
         for path, data in load.acked.items():
             assert fs.read_bytes(path) == data, f"acknowledged {path} changed"
@@ -102,7 +102,7 @@ def test_bit_flips_are_detected_and_repaired(private_cluster, rng):
             with fs.open("/flip", "rb", buffering=0) as f:
                 assert f.readinto(buf) == len(data)
             assert buf == data
-        wait_for(lambda: replica_differences(fs, "/flip") == [], 30, "read-found corruption repaired")
+        wait_for(lambda: replica_differences(fs, "/flip") == [], "read-found corruption repaired", 30)
         # chunk 1: a flip that no read touches is found by the scrub
         _flip(_chunk_files(cluster, inode, 1)[1], 5)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import time
 
 import msgspec
 
@@ -13,18 +12,13 @@ from threefs.rpc.frame import (KIND_HELLO, KIND_REQUEST, PREFIX, PREFIX_BYTES, H
                                encode_frame_head)
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas.common import Empty, Hello
+from threefs.testing import checks
 
 DEADLINE_S = 30.0
 
 
 def wait_for(predicate, what: str, timeout: float = DEADLINE_S, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return checks.wait_for(predicate, what, timeout, interval)
 
 
 class SecEnv:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from threefs.common.status import KVConflictError, StatusCode, ThreeFSError, status_error
 from threefs.kv.api import MVCC_WINDOW_S, KVEngine, Transaction
-from threefs.kv.txn import BufferedTransaction, Range, WriteBuffer, find_overlap
+from threefs.kv.txn import LocalEngineTransaction, Range, WriteBuffer, find_overlap
 
 # Commit-log entries garbage-collected per commit at most: keeps one commit's latency bounded after a burst.
 GC_LOG_ENTRIES_PER_COMMIT_MAX = 1000
@@ -41,7 +41,7 @@ class MemoryEngine(KVEngine):
 
     def transaction(self) -> Transaction:
         self._check_open()
-        return _MemoryTransaction(self)
+        return LocalEngineTransaction(self)
 
     async def close(self) -> None:
         with self._lock:
@@ -50,7 +50,7 @@ class MemoryEngine(KVEngine):
             self._keys.clear()
             self._log.clear()
 
-    # -- called by _MemoryTransaction -----------------------------------------------------------------------
+    # -- called by LocalEngineTransaction --------------------------------------------------------------------
     def latest_version(self) -> int:
         with self._lock:
             self._check_open()
@@ -162,26 +162,6 @@ class MemoryEngine(KVEngine):
     def _check_open(self) -> None:
         if self._closed:
             raise status_error(StatusCode.KV_ERROR, "KV engine memory:// is closed")
-
-
-class _MemoryTransaction(BufferedTransaction):
-    def __init__(self, engine: MemoryEngine):
-        super().__init__(clock=engine.clock, window_s=engine.window_s)
-        self._engine = engine
-
-    def _engine_read_version(self) -> int:
-        return self._engine.latest_version()
-
-    async def _engine_get(self, key: bytes, version: int) -> bytes | None:
-        return self._engine.get_at(key, version)
-
-    async def _engine_range(
-        self, begin: bytes, end: bytes, version: int, limit: int, reverse: bool
-    ) -> list[tuple[bytes, bytes]]:
-        return self._engine.range_at(begin, end, version, limit, reverse)
-
-    async def _engine_commit(self, read_version: int | None, reads: list[Range], writes: WriteBuffer) -> int:
-        return self._engine.commit(read_version, reads, writes)
 
 
 async def open_memory(url: str) -> KVEngine:

@@ -48,7 +48,7 @@ import msgspec
 
 from threefs.common.status import KVConflictError, StatusCode, ThreeFSError, status_error
 from threefs.kv.api import MVCC_WINDOW_S, KVEngine, Transaction
-from threefs.kv.txn import BufferedTransaction, Range, WriteBuffer, coalesce, find_overlap
+from threefs.kv.txn import LocalEngineTransaction, Range, WriteBuffer, coalesce, find_overlap
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class SqliteEngine(KVEngine):
     def transaction(self) -> Transaction:
         if self._conn is None:
             raise status_error(StatusCode.KV_ERROR, f"SQLite KV {self.path} is closed")
-        return _SqliteTransaction(self)
+        return LocalEngineTransaction(self)
 
     async def close(self) -> None:
         with self._lock:
@@ -184,7 +184,7 @@ class SqliteEngine(KVEngine):
             except sqlite3.Error as exc:
                 raise status_error(StatusCode.KV_ERROR, f"SQLite KV {self.path}: {exc}") from exc
 
-    # -- called by _SqliteTransaction -----------------------------------------------------------------------
+    # -- called by LocalEngineTransaction --------------------------------------------------------------------
     def latest_version(self) -> int:
         with self._connection() as conn:
             return conn.execute("SELECT version FROM meta").fetchone()[0]
@@ -297,26 +297,6 @@ class _Checkpointer:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-
-
-class _SqliteTransaction(BufferedTransaction):
-    def __init__(self, engine: SqliteEngine):
-        super().__init__(clock=engine.clock, window_s=engine.window_s)
-        self._engine = engine
-
-    def _engine_read_version(self) -> int:
-        return self._engine.latest_version()
-
-    async def _engine_get(self, key: bytes, version: int) -> bytes | None:
-        return self._engine.get_at(key, version)
-
-    async def _engine_range(
-        self, begin: bytes, end: bytes, version: int, limit: int, reverse: bool
-    ) -> list[tuple[bytes, bytes]]:
-        return self._engine.range_at(begin, end, version, limit, reverse)
-
-    async def _engine_commit(self, read_version: int | None, reads: list[Range], writes: WriteBuffer) -> int:
-        return self._engine.commit(read_version, reads, writes)
 
 
 async def open_sqlite(url: str) -> KVEngine:

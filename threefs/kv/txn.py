@@ -323,3 +323,27 @@ class BufferedTransaction(Transaction):
                                f"bytes of mutations and conflict ranges, over the limit of {TXN_BYTES_MAX} "
                                f"(TXN_BYTES_MAX); split it into smaller transactions")
         self._size_bytes += size
+
+
+class LocalEngineTransaction(BufferedTransaction):
+    """The transaction of an in-process engine whose primitives are plain (blocking, fast) calls:
+    `latest_version()`, `get_at(key, version)`, `range_at(...)`, `commit(read_version, reads, writes)`.
+    The memory and SQLite engines share it."""
+
+    def __init__(self, engine):
+        super().__init__(clock=engine.clock, window_s=engine.window_s)
+        self._engine = engine
+
+    def _engine_read_version(self) -> int:
+        return self._engine.latest_version()
+
+    async def _engine_get(self, key: bytes, version: int) -> bytes | None:
+        return self._engine.get_at(key, version)
+
+    async def _engine_range(
+        self, begin: bytes, end: bytes, version: int, limit: int, reverse: bool
+    ) -> list[tuple[bytes, bytes]]:
+        return self._engine.range_at(begin, end, version, limit, reverse)
+
+    async def _engine_commit(self, read_version: int | None, reads: list[Range], writes: WriteBuffer) -> int:
+        return self._engine.commit(read_version, reads, writes)

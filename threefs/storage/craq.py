@@ -314,6 +314,8 @@ def differs(meta, brief) -> bool:
     the chain (and read there), so resync carries it rather than the older committed one."""
     if _absent(meta):
         return brief is not None
+    if brief is not None and brief.update_ver > brief.commit_ver:
+        return True  # a stale pending version there (its update failed): replace it
     return (brief is None or brief.commit_ver != meta.update_ver or brief.crc != meta.pending_crc
             or brief.length != meta.pending_length)
 

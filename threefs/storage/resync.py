@@ -118,5 +118,6 @@ class Resyncer:
             raise status_error(StatusCode.TARGET_NOT_FOUND, f"target {req.target_id} is not here")
         start = req.after + b"\x00" if req.after else b""
         metas = await self.svc._disk(engine.iter_metas, start, None, limit=req.limit + 1)
-        briefs = [ss.ChunkBrief(x.chunk_id, x.commit_ver, x.length, x.crc) for x in metas[:req.limit]]
+        briefs = [ss.ChunkBrief(x.chunk_id, x.commit_ver, x.length, x.crc, x.update_ver)
+                  for x in metas[:req.limit]]
         return ss.SyncDumpRsp(briefs, len(metas) > req.limit)

@@ -2,8 +2,9 @@
 the scrub or by a full-chunk read) is reported and replaced by a verified copy from a SERVING peer.
 
 Repair keeps the chunk's versions: it fetches the peer's committed bytes of the same version, checks
-them against the peer's checksum, and rewrites the local copy under the chunk lock (remove + write +
-commit, as a resync does), so the replica again matches its chain exactly.
+them against the peer's checksum, and replaces the local copy under the chunk lock with one atomic
+commit (a concurrent reader sees the old or the new bytes, never a missing chunk), so the replica
+again matches its chain exactly.
 """
 
 from __future__ import annotations
@@ -120,12 +121,14 @@ class Scrubber:
                 return  # rewritten meanwhile by an update
             data = await self._fetch_good_copy(target_id, chunk_id, meta)
             ver, chain_ver = meta.commit_ver, meta.chain_ver
-            await self.svc._disk(engine.remove, chunk_id, update_ver=ver + 1, chain_ver=chain_ver)
-            await self.svc._disk(engine.commit, chunk_id, ver + 1, chain_ver=chain_ver)
-            await self.svc._disk(engine.write, chunk_id, update_ver=ver, chain_ver=chain_ver, offset=0,
+            # Replace the data in one atomic commit (readers never see the chunk missing), then put
+            # the version numbers back: the chunk lock keeps updates out meanwhile.
+            await self.svc._disk(engine.write, chunk_id, update_ver=ver + 1, chain_ver=chain_ver, offset=0,
                                  data=data, chunk_size=max(len(data), 1), full_replace=True)
-            fixed = await self.svc._disk(engine.commit, chunk_id, ver, chain_ver=chain_ver)
-            assert fixed.crc == crc32c.crc32c(data)
+            await self.svc._disk(engine.commit, chunk_id, ver + 1, chain_ver=chain_ver)
+            fixed = await self.svc._disk(engine.set_versions, chunk_id, update_ver=ver, commit_ver=ver,
+                                         chain_ver=chain_ver)
+            assert fixed.crc == crc32c.crc32c(data) and fixed.commit_ver == ver
 
     async def _fetch_good_copy(self, target_id: int, chunk_id: bytes, meta) -> bytes:
         routing, chain = self._chain_of(target_id)

@@ -12,7 +12,7 @@ from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas import storage as ss
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+def wait_for(predicate, what: str, timeout: float = 30.0, interval: float = 0.05):
     """Poll until predicate() is truthy; AssertionError naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:

@@ -112,6 +112,7 @@ class ChunkBrief(msgspec.Struct, array_like=True):
     commit_ver: int
     length: int
     crc: int
+    update_ver: int = 0  # > commit_ver: the successor holds a pending version (resync replaces it)
 
 
 class SyncDumpRsp(msgspec.Struct):
