@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+from pathlib import Path
 
 import pytest
 
@@ -11,8 +13,33 @@ from threefs.cli.cluster import LocalCluster
 
 def start_cluster(directory, storage: int = 3, replicas: int = 3, **extra) -> LocalCluster:
     cluster = LocalCluster(directory)
-    cluster.up(storage, replicas, **extra)
+    try:
+        cluster.up(storage, replicas, **extra)
+    except BaseException:
+        cluster.down()  # a cluster that never became ready must not outlive the test
+        raise
     return cluster
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_services(tmp_path_factory):
+    """At the end of the session, kill any service process still running from this session's temp
+    directories (a test that died between starting a cluster and registering its teardown, or a
+    teardown that failed). They are ours by construction: their config lives under our basetemp."""
+    yield
+    base = str(tmp_path_factory.getbasetemp())
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"threefs.server" in args and any(a.decode(errors="replace").startswith(base) for a in args):
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.fixture(scope="session")
