@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 
 from threefs.client.client import Client
 from threefs.rpc.schemas import mgmtd as ms

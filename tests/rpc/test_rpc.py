@@ -1,8 +1,6 @@
 """RPC layer: real TCP on loopback, real framing, real token check."""
 
 import asyncio
-import socket
-import struct
 
 import msgspec
 import pytest
