@@ -187,7 +187,13 @@ def forward_flow(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload, updat
     delay = FORWARD_BACKOFF_S[0]
     while True:
         order = write_targets(chain)
-        if me not in order or order.index(me) + 1 >= len(order):
+        if me not in order:
+            # The chain dropped us (mgmtd failed us, or an admin took us offline) while we forwarded:
+            # committing now would acknowledge a write the chain's real head never sees.
+            raise status_error(StatusCode.CHAIN_VERSION_MISMATCH,
+                               f"target {me} left chain {chain.chain_id} (now version {chain.version}) while "
+                               f"forwarding chunk {req.chunk_id.hex()}; retry on the current chain")
+        if order.index(me) + 1 >= len(order):
             return  # we are the tail now: commit locally
         successor = order[order.index(me) + 1]
         syncing = any(t.target_id == successor and t.public_state == ms.SYNCING for t in chain.targets)
