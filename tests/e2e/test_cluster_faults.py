@@ -2,27 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
-
 from threefs.client.client import Client
 from threefs.rpc.schemas import mgmtd as ms
+from threefs.testing.checks import routing, wait_for
 
 CS = 1 << 20
 
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def _routing(fs: Client) -> ms.RoutingInfo:
-    return fs._run(fs.aio.mgmtd.refresh(force=True)).info
 
 
 def _write_files(fs, rng, n=6):
@@ -58,15 +43,15 @@ def test_kill9_storage_reads_stay_correct_and_target_resyncs(private_cluster, rn
         for path, data in files.items():
             assert fs.read_bytes(path) == data
         dead = 102
-        _wait(lambda: all(t.public_state != ms.SERVING for t in _routing(fs).targets.values()
-                          if t.node_id == dead), 20, "targets of the killed node to leave SERVING")
+        wait_for(lambda: all(t.public_state != ms.SERVING for t in routing(fs).targets.values()
+                          if t.node_id == dead), "targets of the killed node to leave SERVING", 20, interval=0.2)
         # writes continue on the shortened chains
         fs.write_bytes("/keep/during", b"written while storage-2 is down" * 1000)
         files["/keep/during"] = b"written while storage-2 is down" * 1000
         for path, data in files.items():
             assert fs.read_bytes(path) == data
         cluster.up()  # restarts only the missing process, same identity
-        _wait(lambda: all(t.public_state == ms.SERVING for t in _routing(fs).targets.values()),
-              60, "the restarted targets to resync and return to SERVING")
+        wait_for(lambda: all(t.public_state == ms.SERVING for t in routing(fs).targets.values()),
+                 "the restarted targets to resync and return to SERVING", 60, interval=0.2)
         for path, data in files.items():
             assert fs.read_bytes(path) == data

@@ -8,24 +8,15 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 from threefs.client.client import Client
 from threefs.common.status import ThreeFSError
 from threefs.rpc.schemas import meta as m
 from threefs.rpc.schemas import mgmtd as ms
+from threefs.testing.checks import wait_for
 
 MiB = 1 << 20
 
-
-def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def test_kill9_meta_mid_workload(private_cluster):
@@ -53,10 +44,10 @@ def test_kill9_meta_mid_workload(private_cluster):
         _same_reply_from_both_servers(fs)
         worker = threading.Thread(target=workload, args=(fs,))
         worker.start()
-        _wait(lambda: len(done) >= 20, 60, "the workload to get going")
+        wait_for(lambda: len(done) >= 20, "the workload to get going", 60, interval=0.2)
         cluster.kill("meta-1")
         seen = len(done)
-        _wait(lambda: len(done) >= seen + 40 or errors, 60, "the workload to go on after the kill")
+        wait_for(lambda: len(done) >= seen + 40 or errors, "the workload to go on after the kill", 60, interval=0.2)
         stop.set()
         worker.join(60)
         assert not errors, errors
@@ -89,10 +80,10 @@ def test_gc_returns_space_and_dead_writers_are_pruned(private_cluster, tmp_path)
         for i in range(4):
             fs.write_bytes(f"/big/tree/f{i}", os.urandom(2 * MiB))
         fs.write_bytes("/big/single", os.urandom(3 * MiB))
-        _wait(lambda: _used(fs) >= 11 * MiB, 30, "storage to report the data")
+        wait_for(lambda: _used(fs) >= 11 * MiB, "storage to report the data", 30, interval=0.2)
         fs.remove("/big/single")
         fs.remove_tree("/big/tree")
-        _wait(lambda: _used(fs) < MiB, 60, "GC to remove the chunks on storage")
+        wait_for(lambda: _used(fs) < MiB, "GC to remove the chunks on storage", 60, interval=0.2)
 
         # a writer that dies (kill -9) with its file open: its session holds the unlinked file back,
         # until meta prunes it; its length is measured from storage first
@@ -107,7 +98,7 @@ def test_gc_returns_space_and_dead_writers_are_pruned(private_cluster, tmp_path)
             os.kill(child.pid, signal.SIGKILL)
         finally:
             child.wait(10)
-        _wait(lambda: fs.stat("/dead").length == 3_000_000, 60, "the dead writer's length to be measured")
-        _wait(lambda: _used(fs) >= 3_000_000, 30, "storage to report the data")
+        wait_for(lambda: fs.stat("/dead").length == 3_000_000, "the dead writer's length to be measured", 60, interval=0.2)
+        wait_for(lambda: _used(fs) >= 3_000_000, "storage to report the data", 30, interval=0.2)
         fs.remove("/dead")
-        _wait(lambda: _used(fs) < MiB, 60, "GC of the dead writer's file")
+        wait_for(lambda: _used(fs) < MiB, "GC of the dead writer's file", 60, interval=0.2)
