@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import io
 import os
+import threading
+import weakref
 from pathlib import Path
 
 from threefs.client import batch
@@ -23,15 +25,51 @@ from threefs.rpc.schemas import meta as m
 
 
 class Client:
+    """Fork-safe: a forked child (a DataLoader worker, a multiprocessing pool) that uses a Client
+    made before the fork gets its own event loop and connections on first use; the parent's are
+    left alone. Files opened before the fork must be reopened in the child (they say so)."""
+
     def __init__(self, config: ClientConfig):
         self.config = config
+        self._generation = 0  # bumped when a forked child reconnects
+        self._forked = False
+        self._reconnect_lock = threading.Lock()
+        self._start()
+        _clients.add(self)
+
+    def _start(self) -> None:
         self._loop = LoopThread()
-        self.aio = AsyncClient(config)
+        self._aio = AsyncClient(self.config)
         try:
-            self._run(self.aio.start())
+            self._loop.run(self._aio.start())
         except BaseException:
             self._loop.stop()
+            self._loop = None
             raise
+
+    @property
+    def aio(self) -> AsyncClient:
+        if self._forked:
+            self._reconnect_after_fork()
+        return self._aio
+
+    def _after_fork_in_child(self) -> None:
+        # The loop thread does not exist in the child and the sockets are shared with the parent:
+        # never touch them (closing a shared TCP connection's transport could shut it down for the
+        # parent). Drop them and reconnect lazily.
+        self._reconnect_lock = threading.Lock()
+        if self._loop is not None:
+            self._forked = True
+
+    def _reconnect_after_fork(self) -> None:
+        with self._reconnect_lock:
+            if not self._forked:
+                return
+            self._forked = False
+            self._loop = None
+            self._aio = None
+            self._generation += 1
+            self._start()
 
     @classmethod
     def connect(cls, config: str | os.PathLike | ClientConfig | None = None) -> "Client":
@@ -40,9 +78,20 @@ class Client:
         return cls(config)
 
     def _run(self, coro):
+        if self._forked:
+            coro.close()
+            raise RuntimeError("a coroutine of the parent's connection was run after fork; "
+                               "use client.aio again in this process")
+        if self._loop is None:
+            coro.close()
+            raise status_error(StatusCode.INVALID_ARGUMENT, "client is closed")
         return self._loop.run(coro)
 
     def close(self) -> None:
+        if self._forked:  # a child that never used the inherited client: nothing of ours to close
+            self._forked = False
+            self._loop = None
+            return
         if self._loop is not None:
             try:
                 self._run(self.aio.close())
@@ -234,6 +283,17 @@ class Client:
                 yield from self.walk_files(child)
             else:
                 yield child, self.stat(child)
+
+
+_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for c in list(_clients):
+        c._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _check_results(results: list, raise_on_error: bool) -> list:

@@ -53,6 +53,7 @@ class _Handle:
     def _init_handle(self, client, path: str, rsp: m.OpenRsp, flags: int, readable: bool,
                      writable: bool) -> None:
         self._client = client
+        self._generation = client._generation  # a forked child must reopen (see Client)
         self.name = path
         self.mode_flags = flags
         self._attr = rsp.attr
@@ -65,6 +66,16 @@ class _Handle:
     @property
     def attr(self) -> m.InodeAttr:
         return self._attr
+
+    def _other_process(self) -> bool:
+        """Opened by the parent of a fork: its session and in-flight IO belong to the parent."""
+        return self._client._forked or self._client._generation != self._generation
+
+    def _checkClosed(self, *args) -> None:
+        super()._checkClosed(*args)
+        if self._other_process():
+            raise status_error(StatusCode.BAD_FILE_HANDLE, f"{self.name} was opened before this "
+                               "process was forked; reopen it here (the client reconnects by itself)")
 
     def readable(self) -> bool:
         return self._readable
@@ -171,6 +182,9 @@ class RawFile(_Handle, io.RawIOBase):
 
     def close(self) -> None:
         if self.closed:
+            return
+        if self._other_process():  # the parent's session: leave it to the parent
+            io.RawIOBase.close(self)
             return
         try:
             self._publish_length(end_session=True)
@@ -326,7 +340,7 @@ class File(_Handle, io.BufferedIOBase):
 
     def flush(self) -> None:
         """Wait until every byte written so far is on storage (raises a failed background write)."""
-        if self.closed:
+        if self.closed or self._other_process():
             return
         self._drain_writes()
         self._raise_error()
@@ -458,6 +472,9 @@ class File(_Handle, io.BufferedIOBase):
     def close(self) -> None:
         if self.closed:
             return
+        if self._other_process():  # the parent's session and in-flight IO: leave them to the parent
+            io.BufferedIOBase.close(self)
+            return
         try:
             self._drop_read_ahead()
             err = None
@@ -475,7 +492,8 @@ class File(_Handle, io.BufferedIOBase):
 
     def __del__(self):
         # io's finaliser would close() too, but not once the client (its event loop) is gone.
-        if not self.closed and getattr(self._client, "_loop", None) is not None:
+        if (not self.closed and getattr(self._client, "_loop", None) is not None
+                and not self._other_process()):
             try:
                 self.close()
             except Exception:
