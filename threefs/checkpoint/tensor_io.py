@@ -1,0 +1,158 @@
+"""Moving tensor bytes: snapshot into a reusable host buffer, batch writes of that buffer, batch
+reads straight into freshly allocated (or caller-given) tensors, checksums."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c
+import numpy as np
+
+from threefs.checkpoint.format import (TensorEntry, TreeEncoder, align_up, numpy_dtype, torch_dtype,
+                                       torch_dtype_name)
+from threefs.common import limits
+from threefs.common.buffers import aligned_buffer
+from threefs.common.status import StatusCode, status_error
+
+PIECE_BYTES_DEFAULT = 8 * limits.MiB  # one batch-write item; pieces start on chunk boundaries
+READ_PIECE_BYTES = 64 * limits.MiB  # a tensor bigger than this is read as several items
+BATCH_ITEMS_MAX = 4096  # items per batch call (the client's limit is far higher; keeps replies bounded)
+
+
+class Staging:
+    """A host buffer reused from save to save: a fresh buffer costs a page fault per 4 KiB (the copy
+    into it ran at ~1.7 GB/s fresh against ~8 GB/s reused on this machine)."""
+
+    def __init__(self):
+        self._buf: memoryview | None = None
+
+    def get(self, nbytes: int) -> np.ndarray:
+        if self._buf is None or len(self._buf) < nbytes:
+            self._buf = aligned_buffer(max(nbytes, 1))
+        return np.frombuffer(self._buf, dtype=np.uint8, count=nbytes)
+
+    def release(self) -> None:
+        self._buf = None
+
+
+@dataclass
+class Snapshot:
+    tree: Any
+    entries: list[TensorEntry]
+    buf: np.ndarray  # the data file's bytes (entries point into it)
+
+
+def _describe(name: str, t) -> tuple[str, str, list[int], int]:
+    if isinstance(t, np.ndarray):
+        return "numpy", t.dtype.str, list(t.shape), t.nbytes
+    import torch
+
+    if t.layout != torch.strided:
+        raise status_error(StatusCode.INVALID_ARGUMENT, f"tensor {name!r} has layout {t.layout}; only "
+                           "dense (strided) tensors are saved: call .to_dense() first")
+    if t.is_quantized or t.is_meta:
+        raise status_error(StatusCode.INVALID_ARGUMENT, f"tensor {name!r} is quantized or on the meta "
+                           "device and has no plain bytes to save")
+    return "torch", torch_dtype_name(t.dtype), list(t.shape), t.numel() * t.element_size()
+
+
+def snapshot(state, staging: Staging, file_name: str) -> Snapshot:
+    """Copy every tensor of `state` into one host buffer laid out as the data file will be.
+    The caller may change its tensors as soon as this returns."""
+    enc = TreeEncoder()
+    tree = enc.encode(state)
+    entries, off = [], 0
+    for name, t in enc.tensors:
+        kind, dtype, shape, nbytes = _describe(name, t)
+        entries.append(TensorEntry(name, kind, dtype, shape, file_name, off, nbytes, 0))
+        off = align_up(off + nbytes)
+    buf = staging.get(off)
+    for e, (_, t) in zip(entries, enc.tensors):
+        if e.nbytes:
+            copy_into(buf[e.offset:e.offset + e.nbytes], t)
+    return Snapshot(tree, entries, buf)
+
+
+def copy_into(dst: np.ndarray, t) -> None:
+    """Copy tensor/array t (any device, any strides) into the uint8 slice dst."""
+    if isinstance(t, np.ndarray):
+        np.copyto(dst.view(t.dtype).reshape(t.shape), t, casting="no")
+        return
+    import torch
+
+    torch.from_numpy(dst).view(t.dtype).view(t.shape).copy_(t.detach())
+
+
+def checksum_all(buf: np.ndarray, entries: list[TensorEntry]) -> None:
+    for e in entries:
+        e.crc = crc32c.crc32c(memoryview(buf[e.offset:e.offset + e.nbytes]))
+
+
+def write_pieces(client, path: str, buf: np.ndarray, chunk_size: int, piece_bytes: int) -> None:
+    """Write buf to path (created) with batch writes of chunk-aligned pieces, many in flight."""
+    piece = max(chunk_size, piece_bytes // chunk_size * chunk_size)
+    view = memoryview(buf)
+    items = [(path, off, view[off:off + piece]) for off in range(0, len(buf), piece)]
+    if not items:
+        client.batch_write([(path, 0, b"")], create=True)
+        return
+    for i in range(0, len(items), BATCH_ITEMS_MAX):
+        client.batch_write(items[i:i + BATCH_ITEMS_MAX], create=True)
+
+
+# -- load -------------------------------------------------------------------------------------------
+def empty_like_entry(e: TensorEntry):
+    if e.kind == "numpy":
+        return np.empty(e.shape, dtype=numpy_dtype(e.dtype))
+    import torch
+
+    return torch.empty(e.shape, dtype=torch_dtype(e.dtype))
+
+
+def byte_view(t) -> memoryview | None:
+    """A writable byte view of a contiguous CPU tensor/array, or None if it cannot be read into."""
+    if isinstance(t, np.ndarray):
+        if not t.flags.c_contiguous or not t.flags.writeable:
+            return None
+        return memoryview(t.reshape(-1).view(np.uint8))
+    import torch
+
+    if t.device.type != "cpu" or not t.is_contiguous() or t.layout != torch.strided:
+        return None
+    return memoryview(t.detach().reshape(-1).view(torch.uint8).numpy())
+
+
+def matches(e: TensorEntry, t) -> bool:
+    if e.kind == "numpy":
+        return isinstance(t, np.ndarray) and t.dtype == numpy_dtype(e.dtype) and list(t.shape) == e.shape
+    import torch
+
+    return (isinstance(t, torch.Tensor) and t.dtype == torch_dtype(e.dtype) and list(t.shape) == e.shape)
+
+
+def read_into(client, reads: list[tuple[TensorEntry, Any, Any]], verify: bool, where: str) -> None:
+    """reads: (entry, data file InodeAttr, destination tensor/array, contiguous CPU). One batch read
+    (in groups of BATCH_ITEMS_MAX items); big tensors as several items so they spread over chains."""
+    items, owners = [], []
+    for e, attr, dest in reads:
+        if not e.nbytes:
+            continue
+        view = byte_view(dest)
+        for off in range(0, e.nbytes, READ_PIECE_BYTES):
+            n = min(READ_PIECE_BYTES, e.nbytes - off)
+            items.append((attr, e.offset + off, view[off:off + n]))
+            owners.append(e)
+    for i in range(0, len(items), BATCH_ITEMS_MAX):
+        got = client.batch_read(items[i:i + BATCH_ITEMS_MAX])
+        for (_, _, v), n, e in zip(items[i:], got, owners[i:]):
+            if n != len(v):
+                raise status_error(StatusCode.CHECKSUM_MISMATCH, f"{where}: tensor {e.name!r} is cut short "
+                                   f"in {e.file} (read {n} of {len(v)} bytes); the checkpoint is damaged")
+    if verify:
+        for e, _, dest in reads:
+            crc = crc32c.crc32c(byte_view(dest)) if e.nbytes else 0
+            if crc != e.crc:
+                raise status_error(StatusCode.CHECKSUM_MISMATCH,
+                                   f"{where}: tensor {e.name!r} failed its checksum (stored {e.crc:#010x}, "
+                                   f"read {crc:#010x}); the checkpoint is damaged")
