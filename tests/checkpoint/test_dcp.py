@@ -23,9 +23,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(cluster, root, mode, world):
+def _run(cluster, root, mode, world, worker=WORKER) -> list[str]:
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, WORKER, str(cluster.client_config_path), root, mode, str(r),
+    procs = [subprocess.Popen([sys.executable, worker, str(cluster.client_config_path), root, mode, str(r),
                                str(world), str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(world)]
     outs = []
@@ -40,6 +40,7 @@ def _run(cluster, root, mode, world):
                 p.wait()
     for rc, out, err in outs:
         assert rc == 0 and out.strip().endswith("ok"), f"{mode} failed (rc {rc}):\n{err[-3000:]}"
+    return [out for _, out, _ in outs]
 
 
 def test_dcp_two_ranks_save_and_resharded_loads(fs, d, cluster):
@@ -79,3 +80,26 @@ def test_dcp_damaged_item_is_named(fs, d, cluster):
         dcp.load(dest, storage_reader=ThreeFSStorageReader(root, fs), no_dist=True)
     with pytest.raises(CheckpointException, match="no DCP checkpoint"):
         dcp.load(dest, storage_reader=ThreeFSStorageReader(f"{d}/none", fs), no_dist=True)
+
+
+MANAGER_WORKER = str(Path(__file__).with_name("ckpt_worker.py"))
+
+
+def test_manager_two_ranks_publish_after_all_finish(fs, d, cluster):
+    """Each rank writes its own shard; rank 0 publishes one index once all ranks are done; a save
+    where one rank fails is published by nobody and fails on every rank."""
+    from threefs.checkpoint import CheckpointManager
+
+    root = f"{d}/mgr"
+    _run(cluster, root, "save", 2, worker=MANAGER_WORKER)
+    m = CheckpointManager(fs, root)
+    assert m.steps() == [2, 3]
+    idx = m.index(3)
+    assert len(idx.ranks) == 2 and {t.file for _, t in idx.all_tensors()} == {"data-r00000.bin", "data-r00001.bin"}
+    for r in (0, 1):  # any process can read any rank's part
+        out = m.load(3, rank=r)
+        assert out["rank"] == r and torch.equal(out["shard"], torch.arange(1000, dtype=torch.float32) + 1000 * r + 3)
+    outs = _run(cluster, root, "one_rank_fails", 2, worker=MANAGER_WORKER)
+    assert "failed:" in outs[0] and "rank 1" in outs[0] and "not published" in outs[0], outs
+    assert "failed:" in outs[1] and "cannot save 'bad'" in outs[1], outs
+    assert m.steps() == [2, 3]

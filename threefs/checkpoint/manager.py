@@ -99,8 +99,7 @@ class CheckpointManager:
              overwrite: bool = False) -> str:
         """Save `state` as `step`; returns the published directory. Waits for an async save in flight."""
         self.wait()
-        snap = self._snapshot(state, step)
-        return self._write_and_publish(snap, step, user_meta or {}, overwrite)
+        return self._write_and_publish(self._snapshot_or_error(state, step), step, user_meta or {}, overwrite)
 
     def async_save(self, state, step: int, *, user_meta: dict[str, str] | None = None,
                    overwrite: bool = False) -> Future:
@@ -108,13 +107,23 @@ class CheckpointManager:
         published path (its exception if the save failed). At most one save is in flight: a second
         call first waits for the previous one to finish (bounding host memory to one snapshot)."""
         self.wait()
-        snap = self._snapshot(state, step)
+        snap = self._snapshot_or_error(state, step)
         with self._lock:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="threefs-ckpt")
             fut = self._executor.submit(self._write_and_publish, snap, step, user_meta or {}, overwrite)
             self._inflight = fut
         return fut
+
+    def _snapshot_or_error(self, state, step: int):
+        """The snapshot; with several ranks a failure is carried along instead of raised, so this
+        rank still takes part in the collectives and every rank fails together."""
+        try:
+            return self._snapshot(state, step)
+        except BaseException as e:
+            if self.world_size == 1:
+                raise
+            return e
 
     def wait(self) -> None:
         """Wait for the save in flight, if any (its errors stay with its future)."""
@@ -134,32 +143,25 @@ class CheckpointManager:
         self.last_save = {"snapshot_s": time.perf_counter() - t0, "bytes": float(len(snap.buf))}
         return snap
 
-    def _write_and_publish(self, snap: tensor_io.Snapshot, step: int, user_meta: dict[str, str],
-                           overwrite: bool) -> str:
+    def _write_and_publish(self, snap, step: int, user_meta: dict[str, str], overwrite: bool) -> str:
+        # Every rank runs every collective below whatever fails, or the others would wait forever.
         final = self.path_of(step)
-        if not overwrite and self.rank == 0 and self.client.exists(final):
-            raise status_error(StatusCode.EXISTS, f"{final} already exists; pass overwrite=True to replace it")
+        error = snap if isinstance(snap, BaseException) else None
+        if error is None and not overwrite and self.rank == 0 and self.client.exists(final):
+            error = status_error(StatusCode.EXISTS, f"{final} already exists; pass overwrite=True to replace it")
         token = self._agree(uuid.uuid4().hex[:12])
         tmp = f"{self.root.rstrip('/')}/{PARTIAL_PREFIX}{step_dir_name(step)}-{token}"
-        t0 = time.perf_counter()
-        error = None
-        try:
-            self.client.mkdir(tmp, parents=True, exist_ok=True, chunk_size=self.chunk_size, stripe=self.stripe)
-            tensor_io.checksum_all(snap.buf, snap.entries)
-            t1 = time.perf_counter()
-            tensor_io.write_pieces(self.client, f"{tmp}/{self._data_file()}", snap.buf, self.chunk_size,
-                                   self.piece_bytes)
-            rank_index = fmt.RankIndex(snap.tree, snap.entries)
-            self.client.write_bytes(f"{tmp}/rank-{self.rank:05d}.msgpack", fmt.encode_index_part(rank_index))
-            self.last_save.update(checksum_s=t1 - t0, write_s=time.perf_counter() - t1)
-        except BaseException as e:
-            error = e
+        if error is None:
+            try:
+                self._write_part(snap, tmp)
+            except BaseException as e:
+                error = e
         errors = self._gather_errors(error)
         if errors:
             if error is not None:
                 raise error
             raise status_error(StatusCode.INTERNAL, f"checkpoint step {step} not published: {errors[0]}")
-        t2 = time.perf_counter()
+        t0 = time.perf_counter()
         result = None
         if self.rank == 0:
             try:
@@ -168,12 +170,24 @@ class CheckpointManager:
             except BaseException as e:
                 result = e
         result = self._broadcast_error(result)
-        self.last_save["publish_s"] = time.perf_counter() - t2
+        self.last_save["publish_s"] = time.perf_counter() - t0
         if result is not None:
             if isinstance(result, BaseException):
                 raise result
             raise status_error(StatusCode.INTERNAL, f"checkpoint step {step} not published: {result}")
         return final
+
+    def _write_part(self, snap: tensor_io.Snapshot, tmp: str) -> None:
+        """This rank's data file and rank index, into the partial directory."""
+        t0 = time.perf_counter()
+        self.client.mkdir(tmp, parents=True, exist_ok=True, chunk_size=self.chunk_size, stripe=self.stripe)
+        tensor_io.checksum_all(snap.buf, snap.entries)
+        t1 = time.perf_counter()
+        tensor_io.write_pieces(self.client, f"{tmp}/{self._data_file()}", snap.buf, self.chunk_size,
+                               self.piece_bytes)
+        self.client.write_bytes(f"{tmp}/rank-{self.rank:05d}.msgpack",
+                                fmt.encode_index_part(fmt.RankIndex(snap.tree, snap.entries)))
+        self.last_save.update(checksum_s=t1 - t0, write_s=time.perf_counter() - t1)
 
     def _publish(self, tmp: str, final: str, step: int, user_meta: dict[str, str], overwrite: bool) -> None:
         ranks = [fmt.decode_index_part(self.client.read_bytes(f"{tmp}/rank-{r:05d}.msgpack"), tmp)
