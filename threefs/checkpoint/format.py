@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import math
+import sys
 from typing import Any
 
 import msgspec
@@ -137,11 +138,8 @@ class TreeEncoder:
 
     def __init__(self):
         self.tensors: list[tuple[str, Any]] = []  # (name, tensor or ndarray)
-        try:
-            import torch
-        except ImportError:  # numpy-only state dicts do not need torch
-            torch = None
-        self._torch = torch
+        # a state dict can only hold torch objects if torch is imported: do not import it (~2 s) otherwise
+        self._torch = sys.modules.get("torch")
 
     def encode(self, obj, name: str = "") -> list:
         torch = self._torch

@@ -56,7 +56,7 @@ class CheckpointManager:
         self.root = "/" + root.strip("/") if root.strip("/") else "/"
         self.keep_last, self.keep_every = keep_last, keep_every
         self.chunk_size, self.stripe, self.piece_bytes = chunk_size, stripe, piece_bytes
-        self.verify = verify
+        self.verify_on_load = verify
         self.rank, self.world_size, self._group = _dist_info(group)
         self._staging = tensor_io.Staging()
         self._executor: ThreadPoolExecutor | None = None
@@ -243,8 +243,44 @@ class CheckpointManager:
         index = self.index(step)
         return load_index(self.client, self.path_of(step), index,
                           self.rank if rank is None else rank, names=names, prefixes=prefixes,
-                          map_location=map_location, verify=self.verify if verify is None else verify,
+                          map_location=map_location, verify=self.verify_on_load if verify is None else verify,
                           into=into)
+
+    def verify(self, step: int | None = None, group_bytes: int = 512 * limits.MiB) -> list[str]:
+        """Read every tensor of every rank and check its crc32c, group_bytes at a time (memory stays
+        bounded for checkpoints bigger than RAM). Returns one line per damaged tensor (empty: intact)."""
+        step = self._resolve_step(step)
+        path, index = self.path_of(step), self.index(step)
+        attrs = {}
+        problems, group, size = [], [], 0
+
+        def flush():
+            try:
+                tensor_io.read_into(self.client, group, True, path)
+            except OSError:  # find which ones, one at a time
+                for item in group:
+                    try:
+                        tensor_io.read_into(self.client, [item], True, path)
+                    except OSError as e:
+                        problems.append(f"rank {item[3]} {item[0].name}: {e}")
+            group.clear()
+
+        for rank, e in index.all_tensors():
+            if e.file not in attrs:
+                try:
+                    attrs[e.file] = self.client.stat(f"{path}/{e.file}")
+                except FileNotFoundError:
+                    attrs[e.file] = None
+            if attrs[e.file] is None:
+                problems.append(f"rank {rank} {e.name}: data file {e.file} is missing")
+                continue
+            group.append((e, attrs[e.file], tensor_io.empty_like_entry(e), rank))
+            size += e.nbytes
+            if size >= group_bytes:
+                flush()
+                size = 0
+        flush()
+        return problems
 
     def remove(self, step: int) -> None:
         path = self.path_of(step)

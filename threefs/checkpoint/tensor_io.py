@@ -132,10 +132,10 @@ def matches(e: TensorEntry, t) -> bool:
 
 
 def read_into(client, reads: list[tuple[TensorEntry, Any, Any]], verify: bool, where: str) -> None:
-    """reads: (entry, data file InodeAttr, destination tensor/array, contiguous CPU). One batch read
+    """reads: (entry, data file InodeAttr, destination tensor/array, contiguous CPU[, anything]). One batch read
     (in groups of BATCH_ITEMS_MAX items); big tensors as several items so they spread over chains."""
     items, owners = [], []
-    for e, attr, dest in reads:
+    for e, attr, dest, *_ in reads:
         if not e.nbytes:
             continue
         view = byte_view(dest)
@@ -150,7 +150,7 @@ def read_into(client, reads: list[tuple[TensorEntry, Any, Any]], verify: bool, w
                 raise status_error(StatusCode.CHECKSUM_MISMATCH, f"{where}: tensor {e.name!r} is cut short "
                                    f"in {e.file} (read {n} of {len(v)} bytes); the checkpoint is damaged")
     if verify:
-        for e, _, dest in reads:
+        for e, _, dest, *_ in reads:
             crc = crc32c.crc32c(byte_view(dest)) if e.nbytes else 0
             if crc != e.crc:
                 raise status_error(StatusCode.CHECKSUM_MISMATCH,
