@@ -1,0 +1,191 @@
+"""Checkpoint save/load side by side in one run: threefs CheckpointManager (and DCP on threefs)
+against torch.save/torch.load, safetensors save_file/load_file and DCP's FileSystemWriter/Reader on
+local disk.
+
+    .venv/bin/python benchmarks/checkpoint.py [--gib 2 4] [--replicas 3] [--storage 3] [--rounds 1]
+
+State dicts are transformer-shaped (bf16 embeddings, per layer q/k/v/o hidden x hidden, gate/up/down
+hidden x ffn, two norms) scaled to the requested size. Every method saves the same dict and loads it
+back (checked equal once; a load is timed until one byte of every page of every tensor has been
+read, so loaders that map the file pay for reading it too); seconds and GB/s (10^9 B/s) are printed per method, and the ratios the
+issue names: threefs load / safetensors load (goal >= 1.0), threefs save / torch.save (goal >= 2.0).
+Local files and threefs chunk files are both in the page cache (warm) when loaded: the machine has
+24 GiB of RAM and nothing evicts them; local writes are not fsynced, nor are threefs's (storage
+fsync=false, its default). With R replicas threefs writes R copies on this one disk.
+The machine is shared and noisy: compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import torch  # noqa: E402
+
+from threefs.checkpoint import CheckpointManager  # noqa: E402
+from threefs.cli.cluster import LocalCluster  # noqa: E402
+from threefs.client.client import Client  # noqa: E402
+
+GiB = 1 << 30
+HIDDEN, FFN, VOCAB = 2048, 5504, 32000
+
+
+def transformer_state(nbytes: int, seed: int = 0) -> dict:
+    """A bf16 state dict of about nbytes, shaped like a transformer's."""
+    g = torch.Generator().manual_seed(seed)
+    per_layer = (4 * HIDDEN * HIDDEN + 3 * HIDDEN * FFN + 2 * HIDDEN) * 2
+    embed = VOCAB * HIDDEN * 2
+    layers = max(1, (nbytes - 2 * embed) // per_layer)
+    sd = {"tok_embeddings.weight": _rand((VOCAB, HIDDEN), g)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        for name in ("attention.wq", "attention.wk", "attention.wv", "attention.wo"):
+            sd[p + name + ".weight"] = _rand((HIDDEN, HIDDEN), g)
+        sd[p + "feed_forward.w1.weight"] = _rand((FFN, HIDDEN), g)
+        sd[p + "feed_forward.w3.weight"] = _rand((FFN, HIDDEN), g)
+        sd[p + "feed_forward.w2.weight"] = _rand((HIDDEN, FFN), g)
+        sd[p + "attention_norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
+        sd[p + "ffn_norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
+    sd["norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
+    sd["output.weight"] = _rand((VOCAB, HIDDEN), g)
+    return sd
+
+
+def _rand(shape, g):
+    # random bits are slow to make for GiBs; a random row repeated is as good for IO
+    row = torch.randint(-2**15, 2**15, (shape[-1],), dtype=torch.int16, generator=g).view(torch.bfloat16)
+    return row.expand(shape).clone()
+
+
+def state_bytes(sd: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in sd.values())
+
+
+def timed(fn):
+    gc.collect()
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def touch(sd: dict) -> dict:
+    """Read one element per 4 KiB page of every tensor: a loader that maps the file (safetensors
+    load_file) has only read the pages it was asked for, so every load is timed up to this point."""
+    for t in sd.values():
+        flat = t.reshape(-1)
+        if flat.numel():
+            flat[::2048].view(torch.int16).sum()
+    return sd
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k].view(torch.int16), b[k].view(torch.int16)) for k in a)
+
+
+def methods(fs: Client, local: str, root: str, sd: dict):
+    """(name, save(), load() -> dict) of every method."""
+    import safetensors.torch as st
+    import torch.distributed.checkpoint as dcp
+
+    from threefs.checkpoint.dcp import ThreeFSStorageReader, ThreeFSStorageWriter
+
+    mgr = CheckpointManager(fs, f"{root}/mgr", keep_last=1)
+    step = iter(range(1_000_000))
+    state = {}
+
+    def mgr_save():
+        state["step"] = next(step)
+        mgr.save(sd, step=state["step"])
+
+    def dcp_load(reader):
+        dest = {k: torch.empty_like(v) for k, v in sd.items()}
+        dcp.load(dest, storage_reader=reader, no_dist=True)
+        return dest
+
+    return [
+        ("torch.save / torch.load (local disk)",
+         lambda: torch.save(sd, f"{local}/model.pt"),
+         lambda: torch.load(f"{local}/model.pt", weights_only=True)),
+        ("safetensors save_file / load_file (local disk)",
+         lambda: st.save_file(sd, f"{local}/model.safetensors"),
+         lambda: st.load_file(f"{local}/model.safetensors")),
+        ("DCP FileSystemWriter/Reader (local disk)",
+         lambda: dcp.save(sd, storage_writer=dcp.FileSystemWriter(f"{local}/dcp"), no_dist=True),
+         lambda: dcp_load(dcp.FileSystemReader(f"{local}/dcp"))),
+        ("threefs CheckpointManager",
+         mgr_save,
+         lambda: mgr.load(state["step"])),
+        ("threefs DCP StorageWriter/Reader",
+         lambda: dcp.save(sd, storage_writer=ThreeFSStorageWriter(f"{root}/dcp", fs), no_dist=True),
+         lambda: dcp_load(ThreeFSStorageReader(f"{root}/dcp", fs))),
+    ], mgr
+
+
+def run_size(fs: Client, tmp: str, gib: float, rounds: int) -> dict:
+    sd = transformer_state(int(gib * GiB))
+    nbytes = state_bytes(sd)
+    local = os.path.join(tmp, f"local-{gib}")
+    os.makedirs(local, exist_ok=True)
+    root = f"/bench-ckpt-{gib}"
+    fs.mkdir(root, exist_ok=True)
+    table, mgr = methods(fs, local, root, sd)
+    best: dict[str, list[float]] = {}
+    for r in range(rounds):
+        for name, save, load in table:
+            ts, _ = timed(save)
+            tl, out = timed(lambda: touch(load()))
+            if r == 0 and not same(sd, out):
+                raise SystemExit(f"{name}: loaded state differs from the saved one")
+            del out
+            prev = best.get(name, [float("inf")] * 2)
+            best[name] = [min(prev[0], ts), min(prev[1], tl)]
+    # async save: how long the training loop is blocked (the snapshot), and the whole save
+    t_block, fut = timed(lambda: mgr.async_save(sd, step=10_000_000))
+    t_all, _ = timed(fut.result)
+    mgr.close()
+    print(f"\n== {gib} GiB state dict: {len(sd)} tensors, {nbytes / 1e9:.2f} GB (best of {rounds})")
+    print(f"{'method':<50} {'save s':>7} {'GB/s':>6} {'load s':>7} {'GB/s':>6}")
+    for name, (ts, tl) in best.items():
+        print(f"{name:<50} {ts:>7.2f} {nbytes / ts / 1e9:>6.2f} {tl:>7.2f} {nbytes / tl / 1e9:>6.2f}")
+    print(f"threefs async_save: training blocked {t_block:.2f} s (snapshot), save done "
+          f"{t_block + t_all:.2f} s after the call")
+    m, s, t = best["threefs CheckpointManager"], best["safetensors save_file / load_file (local disk)"], \
+        best["torch.save / torch.load (local disk)"]
+    print(f"ratio threefs load / safetensors load: {s[1] / m[1]:.2f}x (goal >= 1.0)")
+    print(f"ratio threefs save / torch.save:      {t[0] / m[0]:.2f}x (goal >= 2.0)")
+    print(f"ratio threefs async_save blocking / torch.save: {t[0] / t_block:.2f}x faster")
+    shutil.rmtree(local, ignore_errors=True)
+    fs.remove_tree(root)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gib", type=float, nargs="+", default=[2, 4])
+    ap.add_argument("--storage", type=int, default=3)
+    ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="threefs-bench-ckpt-", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
+    cluster = LocalCluster(os.path.join(tmp, "cluster"))
+    try:
+        cluster.up(args.storage, args.replicas)
+        print(f"cluster: {args.storage} storage services, R={args.replicas}; torch {torch.__version__}, "
+              f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
+        with Client.connect(str(cluster.client_config_path)) as fs:
+            for gib in args.gib:
+                run_size(fs, tmp, gib, args.rounds)
+    finally:
+        cluster.down()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
