@@ -28,8 +28,12 @@ class HeartbeatFence:
         self.node_id = node_id
         self.limit_s = heartbeat_timeout_s / 2
         self.clock = clock
-        # a heartbeat that takes longer than this cannot keep the fence open anyway
-        self.call_timeout_s = max(HEARTBEAT_CALL_TIMEOUT_S_MIN, min(heartbeat_interval_s, self.limit_s / 2))
+        # A reply that comes late but inside the fence limit still keeps the fence open: under CPU
+        # overload (a storage process busy with a burst of big writes on a shared 2-core machine)
+        # heartbeats are answered in over a second, and a shorter timeout turned every one of them
+        # into a failure, fencing a live node for good. Longer than the limit is useless.
+        self.call_timeout_s = max(HEARTBEAT_CALL_TIMEOUT_S_MIN,
+                                  min(max(heartbeat_interval_s, self.limit_s * 0.8), self.limit_s))
         self.last_ok: float | None = None  # clock() when the last accepted heartbeat was sent
         self.fenced_since: float | None = None
         self.fence_count = 0  # times the fence closed (metrics, tests)
