@@ -130,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     from threefs.cli.admin import add_admin_parser
 
     add_admin_parser(sub)
+    from threefs.cli.ckpt_cmd import add_ckpt_parser
+
+    add_ckpt_parser(sub)
+    from threefs.cli.ffrecord_cmd import add_ffrecord_parser
+
+    add_ffrecord_parser(sub)
     return p
 
 

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import atexit
 import io
 import os
 import threading
@@ -294,6 +295,17 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Stop every client still open when the interpreter exits: a daemon loop thread still inside
+    uvloop while the interpreter finalises crashed ~1 in 4 exits of processes with torch imported."""
+    for c in list(_clients):
+        try:
+            c.close()
+        except Exception:  # exiting anyway: a peer that is gone must not turn exit into an error
+            pass
 
 
 def _check_results(results: list, raise_on_error: bool) -> list:

@@ -1,0 +1,52 @@
+"""Fixtures of the FFRecord tests: a fresh threefs directory per test on the shared cluster, and
+seeded sample data."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+
+@pytest.fixture
+def d(fs, request):
+    """A directory of this test's own on the shared cluster (named after the test), removed after."""
+    name = request.node.name.replace("[", "_").replace("]", "").replace("/", "_")
+    path = f"/ffr-{request.module.__name__.rsplit('.', 1)[-1]}-{name}"
+    fs.mkdir(path)
+    yield path
+    fs.remove_tree(path)
+
+
+@pytest.fixture
+def samples():
+    """300 seeded samples of 0..4000 bytes (a few empty ones included)."""
+    rng = random.Random(20261201)
+    out = [rng.randbytes(rng.randrange(0, 4000)) for _ in range(300)]
+    out[5] = out[6] = b""  # zero-length samples are legal
+    return out
+
+
+@pytest.fixture(scope="module")
+def fuse_mnt(cluster, tmp_path_factory):
+    """A FUSE mount of the shared cluster for one module (skips, with the reason, without FUSE)."""
+    import signal
+
+    from threefs.client import fuse_mount
+
+    reason = fuse_mount.fuse_unavailable_reason()
+    if reason:
+        pytest.skip(f"FUSE unavailable: {reason}")
+    top = tmp_path_factory.mktemp("ffr-fuse")
+    mnt = str(top / "mnt")
+    proc = fuse_mount.spawn(str(cluster.client_config_path), mnt, [], str(top / "daemon.log"))
+    yield mnt
+    try:
+        fuse_mount.unmount(mnt)
+    finally:
+        try:
+            proc.wait(timeout=fuse_mount.UNMOUNT_TIMEOUT_S)
+        except Exception:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=5)
+            fuse_mount.unmount(mnt)
