@@ -60,6 +60,20 @@ def fs(cluster):
 
 
 @pytest.fixture
+def d(fs, request):
+    """A directory of this test's own on the shared cluster (named after its module and test),
+    removed afterwards."""
+    name = request.node.name.replace("[", "_").replace("]", "").replace("/", "_")
+    path = f"/{request.module.__name__.rsplit('.', 1)[-1]}-{name}"
+    fs.mkdir(path)
+    yield path
+    try:
+        fs.remove_tree(path)
+    except OSError:  # a test that broke the cluster must not also fail here
+        pass
+
+
+@pytest.fixture
 def private_cluster(tmp_path):
     """A cluster of its own for tests that kill or restart processes (short heartbeat timeout)."""
     clusters = []

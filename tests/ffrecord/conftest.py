@@ -1,21 +1,11 @@
-"""Fixtures of the FFRecord tests: a fresh threefs directory per test on the shared cluster, and
-seeded sample data."""
+"""Fixtures of the FFRecord tests: seeded sample data and a FUSE mount (the per-test directory `d` is
+tests/conftest.py's)."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
-
-
-@pytest.fixture
-def d(fs, request):
-    """A directory of this test's own on the shared cluster (named after the test), removed after."""
-    name = request.node.name.replace("[", "_").replace("]", "").replace("/", "_")
-    path = f"/ffr-{request.module.__name__.rsplit('.', 1)[-1]}-{name}"
-    fs.mkdir(path)
-    yield path
-    fs.remove_tree(path)
 
 
 @pytest.fixture

@@ -62,7 +62,7 @@ def test_corruption_on_storage_names_the_sample(fs, d, samples):
         offset = int(r.get_offsets(0)[42])
     fs.batch_write([(f"{d}/c.ffr", offset, bytes([samples[42][0] ^ 0xFF]))])
     with FileReader(f"{d}/c.ffr", client=fs) as r:
-        with pytest.raises(ThreeFSError, match=r"sample 42 \(sample 42 of /ffr-.*/c.ffr") as e:
+        with pytest.raises(ThreeFSError, match=r"sample 42 \(sample 42 of /.*/c.ffr") as e:
             r.read([41, 42])
         assert e.value.code == StatusCode.CHECKSUM_MISMATCH
 
