@@ -176,6 +176,7 @@ class StorageClient:
         groups: dict[str, list[list[ReadItem]]] = {}
         open_bytes: dict[str, int] = {}  # bytes in each service's last (open) batch
         serving: dict[int, list[int]] = {}  # per chain, computed once per call
+        small_addr = None  # the service this call's small IOs go to where their chains allow it
         for it in items:
             try:
                 targets = serving.get(it.chain_id)
@@ -184,8 +185,16 @@ class StorageClient:
                 if not targets:
                     raise status_error(StatusCode.NO_SERVING_TARGET, f"chain {it.chain_id} has no "
                                        f"SERVING target ({routing.describe_chain(it.chain_id)})")
-                fresh = [t for t in targets if t not in it.avoid] if it.avoid else targets
-                target = (fresh or targets)[next(self._rr) % len(fresh or targets)]
+                choice = [t for t in targets if t not in it.avoid] if it.avoid else targets
+                choice = choice or targets
+                target = choice[next(self._rr) % len(choice)]
+                if it.length < SOLO_IO_BYTES_MIN:
+                    # Small IOs cost per request, not per byte: one request to one service (rotating
+                    # from call to call) instead of one to every replica's service. Big IOs spread.
+                    if small_addr is None:
+                        small_addr = routing.target_addr(target)
+                    else:
+                        target = next((t for t in choice if _addr_or_none(routing, t) == small_addr), target)
                 addr = routing.target_addr(target)
             except ThreeFSError as e:
                 it.error = e
@@ -236,6 +245,13 @@ class StorageClient:
                 it.dest[res.length:] = bytes(it.length - res.length)
             pos = align_up(pos + res.length)
             it.result = res.length
+
+
+def _addr_or_none(routing: Routing, target: int) -> str | None:
+    try:
+        return routing.target_addr(target)
+    except ThreeFSError:
+        return None
 
 
 def _read_retryable(error: ThreeFSError) -> bool:
