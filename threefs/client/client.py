@@ -88,14 +88,14 @@ class Client:
             raise status_error(StatusCode.INVALID_ARGUMENT, "client is closed")
         return self._loop.run(coro)
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         if self._forked:  # a child that never used the inherited client: nothing of ours to close
             self._forked = False
             self._loop = None
             return
         if self._loop is not None:
             try:
-                self._run(self.aio.close())
+                self._loop.run(self.aio.close(), timeout)
             finally:
                 self._loop.stop()
                 self._loop = None
@@ -303,7 +303,7 @@ def _close_at_exit() -> None:
     uvloop while the interpreter finalises crashed ~1 in 4 exits of processes with torch imported."""
     for c in list(_clients):
         try:
-            c.close()
+            c.close(timeout=5)  # never hang the exit on a peer that does not answer
         except Exception:  # exiting anyway: a peer that is gone must not turn exit into an error
             pass
 

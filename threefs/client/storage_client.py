@@ -176,7 +176,10 @@ class StorageClient:
         groups: dict[str, list[list[ReadItem]]] = {}
         open_bytes: dict[str, int] = {}  # bytes in each service's last (open) batch
         serving: dict[int, list[int]] = {}  # per chain, computed once per call
-        small_addr = None  # the service this call's small IOs go to where their chains allow it
+        # Small IOs cost per request, not per byte: fill one request to one service (where the
+        # chains have a replica there) before moving on to the next service, instead of sending
+        # one request to every replica's service. Big IOs spread item by item.
+        small_addr, small_n, small_bytes = None, 0, 0
         for it in items:
             try:
                 targets = serving.get(it.chain_id)
@@ -189,13 +192,14 @@ class StorageClient:
                 choice = choice or targets
                 target = choice[next(self._rr) % len(choice)]
                 if it.length < SOLO_IO_BYTES_MIN:
-                    # Small IOs cost per request, not per byte: one request to one service (rotating
-                    # from call to call) instead of one to every replica's service. Big IOs spread.
-                    if small_addr is None:
-                        small_addr = routing.target_addr(target)
+                    if (small_addr is None or small_n >= BATCH_IOS_MAX
+                            or small_bytes + it.length > BATCH_BYTES_MAX):
+                        small_addr, small_n, small_bytes = routing.target_addr(target), 0, 0
                     else:
                         target = next((t for t in choice if _addr_or_none(routing, t) == small_addr), target)
                 addr = routing.target_addr(target)
+                if it.length < SOLO_IO_BYTES_MIN and addr == small_addr:
+                    small_n, small_bytes = small_n + 1, small_bytes + it.length
             except ThreeFSError as e:
                 it.error = e
                 continue
