@@ -216,8 +216,7 @@ def main() -> None:
                 run_size(fs, tmp, str(cluster.dir), gib, args.rounds, mnt)
     finally:
         if mnt:
-            fuse_mount.unmount(mnt)
-            proc.wait(timeout=30)
+            fuse_mount.stop(proc, mnt)
         cluster.down()
         shutil.rmtree(tmp, ignore_errors=True)
 

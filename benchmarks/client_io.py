@@ -233,8 +233,7 @@ def main() -> None:
                 after = loopback_gbps(total)
         finally:
             if mnt:
-                fuse_mount.unmount(mnt)
-                proc.wait(timeout=30)
+                fuse_mount.stop(proc, mnt)
             cluster.down()
     report(rows, before, after, total, args)
 

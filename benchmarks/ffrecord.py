@@ -216,8 +216,7 @@ def main() -> None:
                     results.append((size, run_size(fs, tmp, mnt, size, args)))
         finally:
             if mnt:
-                fuse_mount.unmount(mnt)
-                proc.wait(timeout=30)
+                fuse_mount.stop(proc, mnt)
             cluster.down()
     print(f"\n{args.storage} storage services, R={args.replicas}, batch {args.batch}, best of {args.rounds} "
           f"rounds of {args.seconds:g} s per row, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")

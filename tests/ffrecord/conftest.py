@@ -20,8 +20,6 @@ def samples():
 @pytest.fixture(scope="module")
 def fuse_mnt(cluster, tmp_path_factory):
     """A FUSE mount of the shared cluster for one module (skips, with the reason, without FUSE)."""
-    import signal
-
     from threefs.client import fuse_mount
 
     reason = fuse_mount.fuse_unavailable_reason()
@@ -31,12 +29,4 @@ def fuse_mnt(cluster, tmp_path_factory):
     mnt = str(top / "mnt")
     proc = fuse_mount.spawn(str(cluster.client_config_path), mnt, [], str(top / "daemon.log"))
     yield mnt
-    try:
-        fuse_mount.unmount(mnt)
-    finally:
-        try:
-            proc.wait(timeout=fuse_mount.UNMOUNT_TIMEOUT_S)
-        except Exception:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=5)
-            fuse_mount.unmount(mnt)
+    fuse_mount.stop(proc, mnt)

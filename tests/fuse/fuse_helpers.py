@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 
 from threefs.client import fuse_mount
@@ -15,14 +13,4 @@ def require_fuse() -> None:
         pytest.skip(f"FUSE unavailable: {reason}")
 
 
-def stop_daemon(proc, mnt) -> None:
-    """Unmount (the daemon then exits); never leave a mount or a process behind."""
-    try:
-        fuse_mount.unmount(mnt)
-    finally:
-        try:
-            proc.wait(timeout=fuse_mount.UNMOUNT_TIMEOUT_S)
-        except Exception:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=5)
-            fuse_mount.unmount(mnt)
+stop_daemon = fuse_mount.stop  # unmount, wait, kill if needed: nothing left behind

@@ -215,7 +215,7 @@ class CheckpointManager:
 
     # -- load ------------------------------------------------------------------------------------
     def index(self, step: int | None = None) -> fmt.Index:
-        step = self._resolve_step(step)
+        step = self.resolve_step(step)
         path = self.path_of(step)
         try:
             data = self.client.read_bytes(f"{path}/{fmt.INDEX_NAME}")
@@ -224,7 +224,8 @@ class CheckpointManager:
                                "directory, or damaged)") from None
         return fmt.decode_index(data, path)
 
-    def _resolve_step(self, step: int | None) -> int:
+    def resolve_step(self, step: int | None) -> int:
+        """step itself, or the newest complete step when None (NOT_FOUND if there is none)."""
         if step is not None:
             return step
         latest = self.latest_step()
@@ -239,7 +240,7 @@ class CheckpointManager:
         state dict whose tensors are read into in place where dtype and shape match (contiguous CPU
         tensors receive the bytes straight from storage). map_location moves loaded torch tensors
         ("cuda:0", torch.device). verify checks every tensor's crc32c (default: the manager's)."""
-        step = self._resolve_step(step)
+        step = self.resolve_step(step)
         index = self.index(step)
         return load_index(self.client, self.path_of(step), index,
                           self.rank if rank is None else rank, names=names, prefixes=prefixes,
@@ -249,7 +250,7 @@ class CheckpointManager:
     def verify(self, step: int | None = None, group_bytes: int = 512 * limits.MiB) -> list[str]:
         """Read every tensor of every rank and check its crc32c, group_bytes at a time (memory stays
         bounded for checkpoints bigger than RAM). Returns one line per damaged tensor (empty: intact)."""
-        step = self._resolve_step(step)
+        step = self.resolve_step(step)
         path, index = self.path_of(step), self.index(step)
         attrs = {}
         problems, group, size = [], [], 0

@@ -67,7 +67,7 @@ def cmd_inspect(args) -> int:
 
     with _client(args) as fs:
         m, implied = _manager(fs, args.root)
-        step = m._resolve_step(_step(args, implied))
+        step = m.resolve_step(_step(args, implied))
         idx = m.index(step)
     wanted = selector(None, args.prefix or None)
     tensors = [(r, t) for r, t in idx.all_tensors() if wanted(t.name)]
@@ -96,7 +96,7 @@ def cmd_inspect(args) -> int:
 def cmd_verify(args) -> int:
     with _client(args) as fs:
         m, implied = _manager(fs, args.root)
-        step = m._resolve_step(_step(args, implied))
+        step = m.resolve_step(_step(args, implied))
         problems = m.verify(step)
     for p in problems:
         print(f"DAMAGED {p}", file=sys.stderr)

@@ -211,6 +211,20 @@ def _syncfs(mnt: str) -> None:
         os.close(fd)
 
 
+def stop(proc: subprocess.Popen, mountpoint: str | os.PathLike) -> None:
+    """Stop a daemon started by spawn(): unmount (the daemon then exits), kill it if it does not,
+    and never leave a mount or a process behind."""
+    try:
+        unmount(mountpoint)
+    finally:
+        try:
+            proc.wait(timeout=UNMOUNT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=5)
+            unmount(mountpoint)
+
+
 def spawn(config_path: str, mountpoint: str, extra_args: list[str], log_path: str | None = None,
           timeout_s: float = MOUNT_READY_TIMEOUT_S) -> subprocess.Popen:
     """Start `threefs mount --foreground` as a background process; return once the mount serves."""
