@@ -101,6 +101,10 @@ async def _build(config: ServiceConfig, token: str, server: RpcServer, metrics) 
     raise SystemExit(f"unknown service type {config.type!r} in config")
 
 
+def _cannot_listen(config: ServiceConfig, what: str, port: int, exc: OSError) -> str:
+    return f"{config.name}: cannot listen for {what} on {config.listen_host}:{port}: {exc.strerror or exc}"
+
+
 async def serve(config: ServiceConfig) -> None:
     from threefs.common.metrics import ServiceMetrics
     from threefs.mgmtd.users import TokenAuthenticator
@@ -111,15 +115,21 @@ async def serve(config: ServiceConfig) -> None:
     auth.servers.append(server)
     metrics = ServiceMetrics(config.name, config.node_id)
     server.metrics_hook = metrics.observe_rpc
-    port = await server.start(config.listen_host, config.port)
-    config.port = port
+    # Both listeners bind before the service registers anywhere: a taken port fails fast, and says which.
+    try:
+        config.port = await server.start(config.listen_host, config.port)
+    except OSError as exc:
+        raise SystemExit(_cannot_listen(config, "RPC", config.port, exc)) from None
+    if config.metrics_port:
+        try:
+            metrics.serve(config.listen_host, config.metrics_port)
+        except OSError as exc:
+            raise SystemExit(_cannot_listen(config, "metrics", config.metrics_port, exc)) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     background, cleanup = await _build(config, token, server, metrics)
-    if config.metrics_port:
-        metrics.serve(config.listen_host, config.metrics_port)
     log.info("%s (node %d) serving on %s", config.name, config.node_id, config.addr)
     tasks = [asyncio.ensure_future(c) for c in background]
     await stop.wait()

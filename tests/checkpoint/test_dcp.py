@@ -4,7 +4,6 @@ one process (another world size); a damaged item is reported by name."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,18 +12,13 @@ import pytest
 import torch
 
 from threefs.checkpoint.dcp import METADATA, ThreeFSStorageReader
+from threefs.common.net import free_port
 
 WORKER = str(Path(__file__).with_name("dcp_worker.py"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(cluster, root, mode, world, worker=WORKER) -> list[str]:
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, worker, str(cluster.client_config_path), root, mode, str(r),
                                str(world), str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(world)]

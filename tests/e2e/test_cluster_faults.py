@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import socket
+
+import pytest
+
 from threefs.client.client import Client
+from threefs.common.net import ephemeral_range, free_port
+from threefs.common.status import ThreeFSError
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.testing.checks import routing, wait_for
 
 CS = 1 << 20
-
 
 
 def _write_files(fs, rng, n=6):
@@ -55,3 +60,29 @@ def test_kill9_storage_reads_stay_correct_and_target_resyncs(private_cluster, rn
                  "the restarted targets to resync and return to SERVING", 60, interval=0.2)
         for path, data in files.items():
             assert fs.read_bytes(path) == data
+
+
+def test_taken_port_fails_start_up_with_the_services_own_words(private_cluster):
+    """A port taken while the cluster was down: `up` fails at once, quoting the service's log (which port,
+    why); once the port is free again, `up` brings the same cluster back."""
+    cluster = private_cluster()
+    cluster.down()
+    port = cluster.existing_spec().metrics_ports["meta-1"]
+    with socket.create_server(("127.0.0.1", port)):
+        with pytest.raises(ThreeFSError) as e:
+            cluster.up()
+        assert "meta-1 exited during start-up" in e.value.message
+        assert f"cannot listen for metrics on 127.0.0.1:{port}: Address already in use" in e.value.message
+        cluster.down()
+    cluster.up()
+    with Client.connect(str(cluster.client_config_path)) as fs:
+        fs.write_bytes("/after-restart", b"ok")
+        assert fs.read_bytes("/after-restart") == b"ok"
+
+
+def test_free_ports_are_outside_the_ephemeral_range():
+    low, high = ephemeral_range()
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50 and all(not low <= p <= high for p in ports)
+    with socket.create_server(("127.0.0.1", ports[0])):  # free means bindable
+        pass

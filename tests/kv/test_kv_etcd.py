@@ -12,7 +12,8 @@ import pytest
 from threefs.common.status import StatusCode, ThreeFSError
 from threefs.kv import open_engine
 from threefs.kv.etcd import LOG_KEEP_S, EtcdEngine, parse_etcd_url
-from threefs.testing.etcd_cluster import EtcdCluster, etcd_available, free_port, shared_etcd
+from threefs.common.net import free_port
+from threefs.testing.etcd_cluster import EtcdCluster, etcd_available, shared_etcd
 
 pytestmark = pytest.mark.skipif(etcd_available() is not None, reason=str(etcd_available()))
 

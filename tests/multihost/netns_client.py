@@ -77,9 +77,22 @@ def verify(fs: Client, acks: str) -> None:
     print(f"OK {n}")
 
 
+def connect(conf: str, command: str) -> Client:
+    """`ready` runs right after the services were spawned: mgmtd may not listen yet, so it retries."""
+    deadline = time.monotonic() + (DEADLINE_S if command == "ready" else 0)
+    while True:
+        try:
+            return Client.connect(conf)
+        except ThreeFSError as exc:
+            if time.monotonic() > deadline:
+                raise
+            print(f"not ready: {exc}", file=sys.stderr)
+            time.sleep(0.3)
+
+
 def main() -> None:
     command, conf, *rest = sys.argv[1:]
-    with Client.connect(conf) as fs:
+    with connect(conf, command) as fs:
         if command == "ready":
             ready(fs, int(rest[0]), int(rest[1]))
         elif command == "storage-nodes":

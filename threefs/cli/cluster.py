@@ -14,7 +14,6 @@ import asyncio
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import msgspec
 
 from threefs.common.config import (ClientConfig, ServiceConfig, TargetConfig, load_toml, save_toml)
 from threefs.common.ids import target_id
+from threefs.common.net import free_port
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 
 READY_TIMEOUT_S = 60.0
@@ -54,12 +54,6 @@ class ClusterSpec(msgspec.Struct, kw_only=True):
         return [f"{self.host}:{p}" for p in (self.mgmtd_ports or [self.mgmtd_port])]
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 class LocalCluster:
     def __init__(self, directory: str | os.PathLike):
         self.dir = Path(directory).absolute()
@@ -86,14 +80,14 @@ class LocalCluster:
         if spec.replicas > spec.storage:
             raise status_error(StatusCode.INVALID_ARGUMENT, f"--replicas {spec.replicas} needs at least as "
                                f"many storage services (--storage {spec.storage})")
-        spec.mgmtd_ports = [_free_port(spec.host) for _ in range(spec.mgmtd)]
+        spec.mgmtd_ports = [free_port(spec.host) for _ in range(spec.mgmtd)]
         spec.mgmtd_port = spec.mgmtd_ports[0]
-        spec.meta_ports = [_free_port(spec.host) for _ in range(spec.meta)]
-        spec.storage_ports = [_free_port(spec.host) for _ in range(spec.storage)]
+        spec.meta_ports = [free_port(spec.host) for _ in range(spec.meta)]
+        spec.storage_ports = [free_port(spec.host) for _ in range(spec.storage)]
         names = ([f"mgmtd-{i}" for i in range(1, spec.mgmtd + 1)]
                  + [f"meta-{i}" for i in range(1, spec.meta + 1)]
                  + [f"storage-{i}" for i in range(1, spec.storage + 1)])
-        spec.metrics_ports = {name: _free_port(spec.host) for name in names}
+        spec.metrics_ports = {name: free_port(spec.host) for name in names}
         for sub in ("conf", "run", "log", "data", "kv"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         save_toml(path, spec)
@@ -160,11 +154,11 @@ class LocalCluster:
             raise status_error(StatusCode.INVALID_ARGUMENT,
                                f"targets per storage service must be in 1..{TARGETS_PER_STORAGE_MAX}")
         spec.storage += 1
-        spec.storage_ports.append(_free_port(spec.host))
+        spec.storage_ports.append(free_port(spec.host))
         name = f"storage-{spec.storage}"
         if targets is not None:
             spec.storage_targets[name] = targets
-        spec.metrics_ports[name] = _free_port(spec.host)
+        spec.metrics_ports[name] = free_port(spec.host)
         save_toml(self.dir / "cluster.toml", spec)
         self.up()
         return name
@@ -227,7 +221,8 @@ class LocalCluster:
         try:
             while time.monotonic() < deadline:
                 for name in self._dead_services(spec):
-                    raise status_error(StatusCode.UNAVAILABLE, f"{name} exited during start-up")
+                    raise status_error(StatusCode.UNAVAILABLE, f"{name} exited during start-up; the end of "
+                                       f"its log:\n{self.log_tail(name)}")
                 try:
                     routing = await aio.mgmtd.refresh(force=True)
                     if len(routing.nodes_of_type(ms.STORAGE)) < spec.storage:
@@ -250,6 +245,16 @@ class LocalCluster:
                                f"({last.message if last else 'no answer'})")
         finally:
             await aio.close()
+
+    def log_tail(self, name: str, lines: int = 15) -> str:
+        try:
+            with open(self.dir / "log" / f"{name}.log", "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 16384))
+                text = f.read().decode(errors="replace")
+        except OSError as exc:
+            return f"(no log: {exc})"
+        return "\n".join("    " + line for line in text.splitlines()[-lines:])
 
     def _dead_services(self, spec: ClusterSpec) -> list[str]:
         return [c.name for c in self.service_configs(spec) if not self._alive(c.name)]

@@ -18,7 +18,6 @@ import ctypes
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -26,6 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from threefs.common.net import free_port
 from threefs.common.status import StatusCode, ThreeFSError
 
 ETCD_BINARY = "etcd"
@@ -41,13 +41,6 @@ def _die_with_parent() -> None:
     """In the child: SIGKILL when the process that started it dies, so a killed test run leaks no etcd."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (the kernel picks it)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def etcd_available() -> str | None:
