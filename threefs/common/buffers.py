@@ -73,3 +73,33 @@ class Lease:
             self._pool._give_back(self._buf)
             self._buf = None
 
+
+# -- prefaulting fresh memory ----------------------------------------------------------------------
+_MADV_HUGEPAGE = 14
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14
+PREFAULT_BYTES_MIN = 2 << 20  # below one huge page it is not worth a syscall
+_madvise = None
+
+
+def prefault(address: int, nbytes: int) -> bool:
+    """Back fresh anonymous memory [address, address+nbytes) with pages now, in huge pages where the kernel
+    allows (transparent huge pages in `madvise` mode), instead of one page fault per 4 KiB as bytes arrive.
+
+    Measured on this VM (2 GiB, torch.empty): touching fresh pages runs at 1.2-1.4 GB/s; MADV_HUGEPAGE +
+    MADV_POPULATE_WRITE at ~7 GB/s. A read into fresh tensors spent about half its time in those faults.
+    Returns False where the kernel does not support it (then nothing changed; the faults happen later).
+    """
+    global _madvise
+    if nbytes < PREFAULT_BYTES_MIN:
+        return False
+    if _madvise is None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)  # ctypes calls release the GIL
+        _madvise = libc.madvise
+        _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        _madvise.restype = ctypes.c_int
+    start = address & ~4095
+    length = nbytes + (address - start)
+    _madvise(start, length, _MADV_HUGEPAGE)  # fails harmlessly where THP is off
+    return _madvise(start, length, _MADV_POPULATE_WRITE) == 0
