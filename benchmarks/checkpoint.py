@@ -30,8 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 
 from threefs.checkpoint import CheckpointManager  # noqa: E402
-from threefs.cli.cluster import LocalCluster  # noqa: E402
-from threefs.client import fuse_mount  # noqa: E402
+from benchmarks.common import local_cluster  # noqa: E402
 from threefs.client.client import Client  # noqa: E402
 
 GiB = 1 << 30
@@ -200,24 +199,14 @@ def main() -> None:
     ap.add_argument("--no-fuse", action="store_true", help="skip torch.save/load through the FUSE mount")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="threefs-bench-ckpt-", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
-    cluster = LocalCluster(os.path.join(tmp, "cluster"))
-    mnt, proc = None, None
     try:
-        cluster.up(args.storage, args.replicas)
-        print(f"cluster: {args.storage} storage services, R={args.replicas}; torch {torch.__version__}, "
-              f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
-        if not args.no_fuse and fuse_mount.fuse_unavailable_reason() is None:
-            mnt = os.path.join(tmp, "mnt")
-            proc = fuse_mount.spawn(str(cluster.client_config_path), mnt, [], os.path.join(tmp, "fuse.log"))
-        elif not args.no_fuse:
-            print(f"FUSE row skipped: {fuse_mount.fuse_unavailable_reason()}")
-        with Client.connect(str(cluster.client_config_path)) as fs:
-            for gib in args.gib:
-                run_size(fs, tmp, str(cluster.dir), gib, args.rounds, mnt)
+        with local_cluster(tmp, args.storage, args.replicas, fuse=not args.no_fuse) as (cluster, mnt):
+            print(f"cluster: {args.storage} storage services, R={args.replicas}; torch {torch.__version__}, "
+                  f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
+            with Client.connect(str(cluster.client_config_path)) as fs:
+                for gib in args.gib:
+                    run_size(fs, tmp, str(cluster.dir), gib, args.rounds, mnt)
     finally:
-        if mnt:
-            fuse_mount.stop(proc, mnt)
-        cluster.down()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

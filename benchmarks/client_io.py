@@ -28,8 +28,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from throughput import loopback_gbps  # noqa: E402
 
-from threefs.cli.cluster import LocalCluster  # noqa: E402
-from threefs.client import fuse_mount  # noqa: E402
+from benchmarks.common import local_cluster  # noqa: E402
 from threefs.client.client import Client  # noqa: E402
 
 MiB = 1 << 20
@@ -218,23 +217,11 @@ def main() -> None:
     args = ap.parse_args()
     total = max(BATCH_BYTES, args.mib * MiB) // BATCH_BYTES * BATCH_BYTES
     with tempfile.TemporaryDirectory(prefix="threefs-client-io-", dir=os.environ.get("TMPDIR")) as tmp:
-        cluster = LocalCluster(os.path.join(tmp, "cluster"))
-        cluster.up(args.storage, args.replicas)
-        mnt, proc = None, None
-        try:
-            if not args.no_fuse and fuse_mount.fuse_unavailable_reason() is None:
-                mnt = os.path.join(tmp, "mnt")
-                proc = fuse_mount.spawn(str(cluster.client_config_path), mnt, [], os.path.join(tmp, "fuse.log"))
-            elif not args.no_fuse:
-                print(f"FUSE rows skipped: {fuse_mount.fuse_unavailable_reason()}")
+        with local_cluster(tmp, args.storage, args.replicas, fuse=not args.no_fuse) as (cluster, mnt):
             with Client.connect(str(cluster.client_config_path)) as fs:
                 before = loopback_gbps(total)
                 rows = run(fs, mnt, tmp, total)
                 after = loopback_gbps(total)
-        finally:
-            if mnt:
-                fuse_mount.stop(proc, mnt)
-            cluster.down()
     report(rows, before, after, total, args)
 
 

@@ -34,8 +34,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from threefs.cli.cluster import LocalCluster  # noqa: E402
-from threefs.client import fuse_mount  # noqa: E402
+from benchmarks.common import local_cluster  # noqa: E402
 from threefs.client.client import Client  # noqa: E402
 from threefs.ffrecord import FileReader, FileWriter  # noqa: E402
 
@@ -201,23 +200,11 @@ def main() -> None:
     args = ap.parse_args()
     results = []
     with tempfile.TemporaryDirectory(prefix="threefs-ffrecord-", dir=os.environ.get("TMPDIR")) as tmp:
-        cluster = LocalCluster(os.path.join(tmp, "cluster"))
-        cluster.up(args.storage, args.replicas)
-        mnt, proc = None, None
-        try:
-            if not args.no_fuse and fuse_mount.fuse_unavailable_reason() is None:
-                mnt = os.path.join(tmp, "mnt")
-                proc = fuse_mount.spawn(str(cluster.client_config_path), mnt, [], os.path.join(tmp, "fuse.log"))
-            elif not args.no_fuse:
-                print(f"FUSE rows skipped: {fuse_mount.fuse_unavailable_reason()}")
+        with local_cluster(tmp, args.storage, args.replicas, fuse=not args.no_fuse) as (cluster, mnt):
             with Client.connect(str(cluster.client_config_path)) as fs:
                 fs.mkdir("/bench")
                 for size in (int(s) for s in args.sizes.split(",")):
                     results.append((size, run_size(fs, tmp, mnt, size, args)))
-        finally:
-            if mnt:
-                fuse_mount.stop(proc, mnt)
-            cluster.down()
     print(f"\n{args.storage} storage services, R={args.replicas}, batch {args.batch}, best of {args.rounds} "
           f"rounds of {args.seconds:g} s per row, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     for size, rows in results:
