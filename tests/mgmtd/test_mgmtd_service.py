@@ -157,7 +157,14 @@ def test_heartbeats_failure_detection_and_chain_states():
         await beat(102, ms.ONLINE)
         await a.update_chains()
         assert a.routing.nodes[102].alive and a.routing.chains[1].targets[1].public_state == ms.SYNCING
-        await a.sync_done(ctx(), ms.SyncDoneReq(10201))
+        syncing = a.routing.chains[1]
+        # a resync that started under an older chain version proves nothing about the writes since
+        with pytest.raises(ThreeFSError) as stale:
+            await a.sync_done(ctx(), ms.SyncDoneReq(10201, 1, syncing.version - 1))
+        assert stale.value.code == StatusCode.CHAIN_VERSION_MISMATCH and "starts over" in str(stale.value)
+        await a.update_chains()
+        assert a.routing.chains[1].targets[1].public_state == ms.SYNCING
+        await a.sync_done(ctx(), ms.SyncDoneReq(10201, 1, syncing.version))
         await beat(102, ms.ONLINE)  # a heartbeat racing sync_done does not undo it
         await a.update_chains()
         assert a.routing.chains[1].targets[1].public_state == ms.SERVING

@@ -46,3 +46,31 @@ def test_the_checker_catches_a_replica_that_forgets_pending_versions(monkeypatch
         except AssertionError:
             failures += 1
     assert failures > 0
+
+
+# Seeds that failed once, each kept with the cause it found (they replay exactly).
+REGRESSION_SEEDS = {
+    # Stale read: a resync started while the target was SYNCING at chain v3; the target then went OFFLINE
+    # (a write was acknowledged without it) and SYNCING again, and the old resync's sync_done made it
+    # SERVING without that write. mgmtd now refuses a sync_done whose chain version is not current.
+    3568: "stale sync_done",
+    # Never healed: a resync retry timer fired on a crashed node, which took a chunk lock in its dead
+    # epoch that no one could release, so every later resync of that chunk waited forever (a simulator
+    # bug: a dead process starts nothing and takes no lock).
+    2845: "lock taken by a dead process",
+    4799: "lock taken by a dead process",
+    5624: "lock taken by a dead process",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(REGRESSION_SEEDS))
+def test_regression_seed(seed):
+    Simulation(seed).run().check()
+
+
+def test_the_checker_catches_a_stale_sync_done(monkeypatch):
+    """Sensitivity: with mgmtd accepting every sync_done (the protocol before the fix), seed 3568 reads
+    a version older than one acknowledged before the read started."""
+    monkeypatch.setattr(craq_sim, "sync_done_refusal", lambda *args: None)
+    with pytest.raises(AssertionError, match="stale read"):
+        Simulation(3568).run().check()

@@ -161,6 +161,28 @@ def rotate_lastsrv(chain: ChainInfo) -> ChainInfo:
     return ChainInfo(chain.chain_id, chain.version + 1, targets)
 
 
+def sync_done_refusal(chain: ChainInfo, target_id: int, sync_chain_ver: int) -> str | None:
+    """Why a finished resync of `target_id`, started when the chain was at `sync_chain_ver`, must NOT
+    make it UPTODATE (None: it may).
+
+    A resync is complete only if every write after its start reached the target. That holds while the
+    chain stays at the version the resync started under: the predecessor forwards every update admitted
+    from then on to the SYNCING target. Any version change in between may hide a period in which the
+    target was OFFLINE (writes committed without it) and SYNCING again: a stale resync reported then
+    would put a target that misses acknowledged writes into SERVING, and readers would see old data.
+    So a resync that saw the chain change is refused and starts over (the cost: a resync restarts
+    when another member of its chain changes state meanwhile)."""
+    state = next((t.public_state for t in chain.targets if t.target_id == target_id), None)
+    if state is None:
+        return f"target {target_id} is not in chain {chain.chain_id}"
+    if state != SYNCING:
+        return f"target {target_id} is {state}, not SYNCING, in chain {chain.chain_id} v{chain.version}"
+    if chain.version != sync_chain_ver:
+        return (f"chain {chain.chain_id} changed from v{sync_chain_ver} to v{chain.version} during the "
+                f"resync of target {target_id}; the resync starts over")
+    return None
+
+
 def serving_targets(chain: ChainInfo) -> list[int]:
     """The targets a read may go to."""
     return [t.target_id for t in chain.targets if t.public_state == SERVING]

@@ -17,7 +17,7 @@ import time
 from threefs.common.config import ServiceConfig
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.kv import Transaction
-from threefs.mgmtd.chain_state import next_chain
+from threefs.mgmtd.chain_state import next_chain, sync_done_refusal
 from threefs.mgmtd.store import MgmtdStore, read_lease
 from threefs.mgmtd.users import TokenAuthenticator, require_cluster, token_entries
 from threefs.rpc.schemas import mgmtd as s
@@ -253,6 +253,12 @@ class MgmtdService:
         routing = self._check_primary()
         if req.target_id not in routing.targets:
             raise status_error(StatusCode.TARGET_NOT_FOUND, f"unknown target {req.target_id}")
+        chain = routing.chains.get(req.chain_id)
+        if chain is None:
+            raise status_error(StatusCode.CHAIN_NOT_FOUND, f"unknown chain {req.chain_id}")
+        refusal = sync_done_refusal(chain, req.target_id, req.chain_ver)
+        if refusal is not None:
+            raise status_error(StatusCode.CHAIN_VERSION_MISMATCH, refusal)
         self.synced.add(req.target_id)
         self.local_states[req.target_id] = s.UPTODATE
         await self.update_chains()

@@ -99,7 +99,8 @@ class Resyncer:
 
         await asyncio.gather(*(worker() for _ in range(RESYNC_INFLIGHT_MAX)))
         sent = sent[0]
-        await self.svc.mgmtd.call("sync_done", ms.SyncDoneReq(successor), ms.OkRsp)
+        await self.svc.mgmtd.call("sync_done", ms.SyncDoneReq(successor, chain_id, sync_version),
+                                 ms.OkRsp)
         log.info("resync of target %d done: %d of %d chunks sent", successor, sent, len(todo))
 
     async def _send_chunk(self, chain_id: int, me: int, successor: int, cid: bytes, brief) -> int:

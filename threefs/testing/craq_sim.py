@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import crc32c
 
 from threefs.common.status import StatusCode, ThreeFSError, status_error
-from threefs.mgmtd.chain_state import next_chain, serving_targets, write_targets
+from threefs.mgmtd.chain_state import next_chain, serving_targets, sync_done_refusal, write_targets
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas import storage as ss
 from threefs.storage import craq
@@ -222,6 +222,8 @@ class Simulation:
     def with_lock(self, node: Node, cid: bytes, body) -> None:
         """FIFO per-chunk lock on a node; a crash frees every lock (new epoch)."""
         epoch = node.epoch
+        if not node.up:
+            return  # a dead process takes no lock (it would never release it)
         waiters = node.locks.setdefault(cid, [])
 
         def release():
@@ -309,6 +311,8 @@ class Simulation:
         self.at(0.2, self.resync_scan, node)
 
     def maybe_resync(self, node: Node) -> None:
+        if not node.up:
+            return  # a dead process starts nothing (a retry timer may fire after a crash)
         order = write_targets(node.view)
         for me, successor in zip(order, order[1:]):
             state = next(t.public_state for t in node.view.targets if t.target_id == successor)
@@ -321,9 +325,10 @@ class Simulation:
         if node.epoch != epoch:
             return
         sync_version = node.view.version
-        node.flows.when_quiet_below(sync_version, lambda: self._resync_quiet(node, successor, epoch))
+        node.flows.when_quiet_below(sync_version,
+                                    lambda: self._resync_quiet(node, successor, epoch, sync_version))
 
-    def _resync_quiet(self, node: Node, successor: int, epoch: int) -> None:
+    def _resync_quiet(self, node: Node, successor: int, epoch: int, sync_version: int) -> None:
         if node.epoch != epoch:
             return
         peer = self.nodes[successor]
@@ -337,10 +342,12 @@ class Simulation:
             if node.epoch != epoch:
                 return
             if i == len(todo):
-                peer_now = self.nodes[successor]
-                if peer_now.up and node.view.version == self.chain.version:
-                    peer_now.synced = True  # syncDone -> UPTODATE -> mgmtd makes it SERVING
                 node.syncing_to = 0
+                # sync_done to mgmtd, which checks it against its chain as MgmtdService.sync_done does
+                if sync_done_refusal(self.chain, successor, sync_version) is None:
+                    self.nodes[successor].synced = True  # -> UPTODATE -> mgmtd makes it SERVING
+                else:
+                    self.at(0.1, self.maybe_resync, node)  # refused: the sync starts over
                 return
             cid = todo[i]
 

@@ -153,6 +153,8 @@ class CreateChainTableRsp(msgspec.Struct):
 
 class SyncDoneReq(msgspec.Struct):
     target_id: int
+    chain_id: int
+    chain_ver: int  # the chain version the resync started under (after quiescing older flows)
 
 
 class OkRsp(msgspec.Struct):
