@@ -3,8 +3,9 @@
 __version__ = "0.1.0"
 
 
-def connect(config=None, **kwargs):
-    """Connect to a cluster and return a `threefs.client.Client` (see its docstring)."""
+def connect(config=None, **overrides):
+    """Connect to a cluster and return a `threefs.client.Client` (see `Client.connect`: keywords override
+    fields of the client config, e.g. `timeout_s=60`)."""
     from threefs.client.client import Client
 
-    return Client.connect(config, **kwargs)
+    return Client.connect(config, **overrides)

@@ -48,12 +48,12 @@ def _user_tokens_from(mgmtd, auth, on_tokens=None):
 
 async def _build(config: ServiceConfig, token: str, server: RpcServer, metrics) -> tuple[list, list]:
     """Create the service; returns (background coroutines, cleanup callables)."""
-    from threefs.client.mgmtd_client import MgmtdClient
-    from threefs.common.metrics import mgmtd_gauges, storage_gauges
+    from threefs.cluster.mgmtd_client import MgmtdClient
 
     if config.type == "mgmtd":
         from threefs.kv import open_engine
         from threefs.mgmtd.admin import MgmtdAdmin
+        from threefs.mgmtd.metrics import mgmtd_gauges
         from threefs.mgmtd.service import MgmtdService
         from threefs.mgmtd.store import MgmtdStore
 
@@ -70,6 +70,7 @@ async def _build(config: ServiceConfig, token: str, server: RpcServer, metrics) 
     mgmtd.token_listener = _user_tokens_from(mgmtd, server.authenticate)
     server.authenticate.reload = lambda: mgmtd.token_listener(None)  # a token issued a moment ago
     if config.type == "storage":
+        from threefs.storage.metrics import storage_gauges
         from threefs.storage.resync import Resyncer
         from threefs.storage.scrub import Scrubber
         from threefs.storage.service import StorageService
@@ -87,7 +88,7 @@ async def _build(config: ServiceConfig, token: str, server: RpcServer, metrics) 
                  scrubber.run()],
                 [svc.close, rpc_client.close])
     if config.type == "meta":
-        from threefs.client.storage_client import StorageClient
+        from threefs.cluster.storage_client import StorageClient
         from threefs.kv import open_engine
         from threefs.meta.service import MetaService
 
@@ -107,7 +108,7 @@ def _cannot_listen(config: ServiceConfig, what: str, port: int, exc: OSError) ->
 
 async def serve(config: ServiceConfig) -> None:
     from threefs.common.metrics import ServiceMetrics
-    from threefs.mgmtd.users import TokenAuthenticator
+    from threefs.rpc.auth import TokenAuthenticator
 
     token = read_token(config.token_file)
     auth = TokenAuthenticator(token)  # cluster token + user tokens (mgmtd-issued)
@@ -131,17 +132,38 @@ async def serve(config: ServiceConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     background, cleanup = await _build(config, token, server, metrics)
     log.info("%s (node %d) serving on %s", config.name, config.node_id, config.addr)
-    tasks = [asyncio.ensure_future(c) for c in background]
-    await stop.wait()
-    log.info("%s stopping", config.name)
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    died = await _supervise(config.name, background, stop)
     await server.stop()
     for fn in cleanup:
         result = fn()
         if asyncio.iscoroutine(result):
             await result
+    if died:
+        raise SystemExit(f"{config.name}: {died}; the process exits so that its supervisor (`threefs up`, "
+                         "systemd) restarts it")
+
+
+async def _supervise(name: str, loops: list, stop: asyncio.Event) -> str | None:
+    """Run the service's loops until `stop` is set. Each loop runs for the process's lifetime, so one
+    that ends (an error, or a bug that returns) ends the process: a live process whose heartbeat or
+    resync loop died would look healthy while doing nothing. Returns why, or None on a clean stop."""
+    tasks = {asyncio.ensure_future(c): getattr(c, "__qualname__", repr(c)) for c in loops}
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in [stopping, *tasks]:
+            t.cancel()
+        await asyncio.gather(stopping, *tasks, return_exceptions=True)
+    dead = [t for t in done if t in tasks]
+    if not dead:
+        log.info("%s stopping", name)
+        return None
+    task = dead[0]
+    error = None if task.cancelled() else task.exception()
+    why = f"background loop {tasks[task]} {'failed: ' + repr(error) if error else 'ended'}"
+    log.critical("%s: %s", name, why, exc_info=error)
+    return why
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -101,7 +101,7 @@ def test_all_replicas_identical(fs, d, rng):
                 seen.add((r.commit_ver, r.chunk_crc))
             assert len(seen) == 1, f"replicas of chunk {index} differ: {seen}"
 
-    fs._run(check())
+    fs.run(check())
 
 
 def test_file_objects_work_with_shutil_and_buffered_io(fs, d, rng, tmp_path):

@@ -123,7 +123,7 @@ def _wait(predicate, timeout_s: float, what: str):
 def test_user_tokens_act_as_their_uid(fs, cluster, d):
     """A token issued by mgmtd for user alice (uid 1001) creates files as 1001 and may not act as root."""
     name = f"u{os.getpid() % 100000}"
-    rsp = fs._run(fs.aio.mgmtd.call("user_add", ms.UserReq(name, 1001, 1001), ms.UserTokenRsp))
+    rsp = fs.run(fs.aio.mgmtd.call("user_add", ms.UserReq(name, 1001, 1001), ms.UserTokenRsp))
     fs.chmod(d, 0o777)
     base = load_toml(cluster.client_config_path, ClientConfig)
     config = ClientConfig(mgmtd=base.mgmtd, token=rsp.token, cluster_dir=base.cluster_dir)
@@ -157,8 +157,8 @@ def test_two_clients_race_through_two_meta_servers(fs, cluster, d):
         def touch(k, name, exclusive=False):
             aio = clients[k].aio
             flags = os.O_CREAT | os.O_WRONLY | (os.O_EXCL if exclusive else 0)
-            rsp = clients[k]._run(aio.open(name, flags))
-            clients[k]._run(aio.close_file(rsp.attr.inode, rsp.session, -1))
+            rsp = clients[k].run(aio.open(name, flags))
+            clients[k].run(aio.close_file(rsp.attr.inode, rsp.session, -1))
 
         def rename_noreplace(k, src, dst):
             try:

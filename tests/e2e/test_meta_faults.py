@@ -60,12 +60,12 @@ def test_kill9_meta_mid_workload(private_cluster):
 def _same_reply_from_both_servers(fs: Client) -> None:
     """A create retried on the other meta server (same client, same request id), as after a lost reply:
     the second server answers with the first reply instead of EEXIST."""
-    servers = [n.addr for n in fs._run(fs.aio.mgmtd.refresh(force=True)).nodes_of_type(ms.META)]
+    servers = [n.addr for n in fs.run(fs.aio.mgmtd.refresh(force=True)).nodes_of_type(ms.META)]
     assert len(servers) == 2
     req = m.OpenReq("/w/once", os.O_CREAT | os.O_EXCL | os.O_WRONLY, request_id=1 << 40)
-    replies = [fs._run(fs.aio.rpc.call(addr, "meta.open", req, m.OpenRsp))[0] for addr in servers]
+    replies = [fs.run(fs.aio.rpc.call(addr, "meta.open", req, m.OpenRsp))[0] for addr in servers]
     assert replies[0] == replies[1] and replies[0].session
-    fs._run(fs.aio.close_file(replies[0].attr.inode, replies[0].session, -1))
+    fs.run(fs.aio.close_file(replies[0].attr.inode, replies[0].session, -1))
     fs.remove("/w/once")
 
 

@@ -22,7 +22,7 @@ def wait_for(predicate, what: str, timeout: float = DEADLINE_S, interval: float 
 
 
 def routing(fs: Client) -> ms.RoutingInfo:
-    return fs._run(fs.aio.mgmtd.call("status", Empty(), ms.MgmtdStatusRsp)).routing
+    return fs.run(fs.aio.mgmtd.call("status", Empty(), ms.MgmtdStatusRsp)).routing
 
 
 def admin(capsys, config: str, *argv: str) -> tuple[int, str, str]:
@@ -81,12 +81,12 @@ def test_user_tokens_issue_use_revoke(private_cluster, tmp_path, capsys):
         def storage_refuses(addr: str) -> bool:
             rpc = RpcClient(token_of(out))
             try:
-                fs._run(rpc.call(addr, "storage.status", Empty(), object, timeout=3))
+                fs.run(rpc.call(addr, "storage.status", Empty(), object, timeout=3))
                 return False
             except ThreeFSError as e:
                 return e.code == StatusCode.AUTH_FAILED
             finally:
-                fs._run(rpc.close())
+                fs.run(rpc.close())
 
         wait_for(lambda: all(storage_refuses(a) for a in storages), "storage to refuse the revoked token")
         storage_revoke_s = time.monotonic() - revoked_at

@@ -100,14 +100,14 @@ def wait_for(predicate, what: str, timeout: float = DEADLINE_S, interval: float 
 
 
 def routing(fs: Client) -> ms.RoutingInfo:
-    return fs._run(fs.aio.mgmtd.call("status", Empty(), ms.MgmtdStatusRsp)).routing
+    return fs.run(fs.aio.mgmtd.call("status", Empty(), ms.MgmtdStatusRsp)).routing
 
 
 def direct_read(fs: Client, rpc: RpcClient, addr: str, chain: int, target: int) -> ThreeFSError | None:
     """A read sent straight to one storage service (no client retries): None if served."""
     req = ss.BatchReadReq([ss.ReadIO(chain, target, chunk_id(1 << 40, 0), 0, 4096)])
     try:
-        rsp, _ = fs._run(rpc.call(addr, "storage.batch_read", req, ss.BatchReadRsp, timeout=2.0))
+        rsp, _ = fs.run(rpc.call(addr, "storage.batch_read", req, ss.BatchReadRsp, timeout=2.0))
     except ThreeFSError as e:
         return e
     res = rsp.results[0]
@@ -119,7 +119,7 @@ def direct_write(fs: Client, rpc: RpcClient, addr: str, chain: ms.ChainInfo) -> 
     req = ss.UpdateReq(chain.chain_id, chain.version, chunk_id(1 << 41, 0), ss.WRITE, 0, len(data), 1 << 20,
                        crc32c.crc32c(data))
     try:
-        fs._run(rpc.call(addr, "storage.update", req, ss.UpdateRsp, payload=data, timeout=5.0))
+        fs.run(rpc.call(addr, "storage.update", req, ss.UpdateRsp, payload=data, timeout=5.0))
     except ThreeFSError as e:
         return e
     return None
@@ -193,7 +193,7 @@ def test_storage_cut_off_from_mgmtd_fences_itself(private_cluster, rng):
         for path, data in {**before, **during}.items():
             assert fs.read_bytes(path) == data
     finally:
-        fs._run(rpc.close())
+        fs.run(rpc.close())
         fs.close()
         for p in proxies:
             p.close()

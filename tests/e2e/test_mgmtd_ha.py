@@ -26,12 +26,12 @@ def wait_for(predicate, what: str, timeout: float = DEADLINE_S, interval: float 
 
 
 def status(fs: Client) -> ms.MgmtdStatusRsp:
-    return fs._run(fs.aio.mgmtd.call("status", Empty(), ms.MgmtdStatusRsp))
+    return fs.run(fs.aio.mgmtd.call("status", Empty(), ms.MgmtdStatusRsp))
 
 
 def probe(fs: Client, addr: str) -> ms.PrimaryRsp | None:
     try:
-        rsp, _ = fs._run(fs.aio.rpc.call(addr, "mgmtd.get_primary", Empty(), ms.PrimaryRsp, timeout=1.0))
+        rsp, _ = fs.run(fs.aio.rpc.call(addr, "mgmtd.get_primary", Empty(), ms.PrimaryRsp, timeout=1.0))
         return rsp
     except OSError:
         return None
@@ -132,7 +132,7 @@ def test_kill_storage_status_shows_it_then_resync(private_cluster, rng, capsys):
         shown: list[str] = []  # what `threefs status` said while a target was resyncing
 
         def all_serving():
-            st, mgmtds, down = fs._run(gather(fs.aio))  # what `threefs status` renders
+            st, mgmtds, down = fs.run(gather(fs.aio))  # what `threefs status` renders
             if not shown and any(t.public_state == ms.SYNCING for t in st.routing.targets.values()):
                 shown.extend(line for line in render_text(st, mgmtds, down).splitlines() if "resyncing" in line)
             for t in st.routing.targets.values():

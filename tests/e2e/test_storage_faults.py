@@ -115,8 +115,8 @@ def test_bit_flips_are_detected_and_repaired(private_cluster, rng):
                                  total.repaired + rsp.repaired)
             return total
 
-        result = fs._run(scrub_everything())
+        result = fs.run(scrub_everything())
         assert result.corrupted == 1 and result.repaired == 1 and result.checked >= 9
         assert replica_differences(fs, "/flip") == []
         assert fs.read_bytes("/flip") == data
-        assert fs._run(scrub_everything()).corrupted == 0
+        assert fs.run(scrub_everything()).corrupted == 0

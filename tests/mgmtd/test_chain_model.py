@@ -18,7 +18,8 @@ import random
 
 import pytest
 
-from threefs.mgmtd.chain_state import next_chain, write_targets
+from threefs.cluster.routing import write_targets
+from threefs.mgmtd.chain_state import next_chain
 from threefs.rpc.schemas.mgmtd import (LASTSRV, LOCAL_OFFLINE, ONLINE, SERVING, SYNCING, UPTODATE, ChainInfo,
                                        ChainTarget)
 

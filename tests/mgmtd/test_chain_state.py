@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from threefs.mgmtd.chain_state import (ORDER, TRANSITIONS, TransitionError, next_chain, rotate_lastsrv,
-                                       serving_targets, write_targets)
+from threefs.cluster.routing import serving_targets, write_targets
+from threefs.mgmtd.chain_state import ORDER, TRANSITIONS, TransitionError, next_chain, rotate_lastsrv
 from threefs.rpc.schemas.mgmtd import (LASTSRV, LOCAL_OFFLINE, LOCAL_STATES, OFFLINE, ONLINE, PUBLIC_STATES,
                                        SERVING, SYNCING, UPTODATE, WAITING, ChainInfo, ChainTarget)
 

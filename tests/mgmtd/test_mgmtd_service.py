@@ -10,14 +10,14 @@ import asyncio
 
 import pytest
 
-from threefs.client.mgmtd_client import MgmtdClient
+from threefs.cluster.mgmtd_client import MgmtdClient
 from threefs.common.config import ServiceConfig
 from threefs.common.status import StatusCode, ThreeFSError
 from threefs.kv.memory import MemoryEngine
 from threefs.mgmtd.admin import MgmtdAdmin
 from threefs.mgmtd.service import PRIMARY, STANDBY, MgmtdService
 from threefs.mgmtd.store import MgmtdStore
-from threefs.mgmtd.users import CLUSTER, TokenAuthenticator
+from threefs.rpc.auth import CLUSTER, TokenAuthenticator
 from threefs.rpc.client import RpcClient
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas.common import Empty

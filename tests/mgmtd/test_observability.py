@@ -9,7 +9,7 @@ import pytest
 from threefs.cli.status import problems, recovering, render_text
 from threefs.common.metrics import Sample, ServiceMetrics
 from threefs.common.status import StatusCode, ThreeFSError
-from threefs.mgmtd.heartbeat import HeartbeatFence
+from threefs.storage.fence import HeartbeatFence
 from threefs.rpc.schemas import mgmtd as ms
 
 

@@ -28,7 +28,7 @@ DEADLINE_S = 90.0
 
 
 def target_states(fs: Client) -> dict[int, str]:
-    routing = fs._run(fs.aio.mgmtd.refresh(force=True))
+    routing = fs.run(fs.aio.mgmtd.refresh(force=True))
     return {t.target_id: t.public_state for t in routing.info.targets.values() if t.chain_id}
 
 
@@ -36,9 +36,9 @@ def ready(fs: Client, replicas: int, storage: int) -> None:
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
         try:
-            routing = fs._run(fs.aio.mgmtd.refresh(force=True))
+            routing = fs.run(fs.aio.mgmtd.refresh(force=True))
             if len(routing.nodes_of_type(ms.STORAGE)) >= storage and 1 not in routing.info.tables:
-                fs._run(fs.aio.mgmtd.call("create_chain_table", ms.CreateChainTableReq(1, replicas),
+                fs.run(fs.aio.mgmtd.call("create_chain_table", ms.CreateChainTableReq(1, replicas),
                                           ms.CreateChainTableRsp))
             states = target_states(fs)
             if 1 in routing.info.tables and states and set(states.values()) == {ms.SERVING}:
@@ -96,7 +96,7 @@ def main() -> None:
         if command == "ready":
             ready(fs, int(rest[0]), int(rest[1]))
         elif command == "storage-nodes":
-            routing = fs._run(fs.aio.mgmtd.refresh(force=True))
+            routing = fs.run(fs.aio.mgmtd.refresh(force=True))
             print(len(routing.nodes_of_type(ms.STORAGE)))
         elif command == "roundtrip":
             data = bytes(range(256)) * 12345

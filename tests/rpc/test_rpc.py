@@ -250,3 +250,38 @@ def test_request_to_send_caps_concurrent_senders():
             await server.stop()
 
     asyncio.run(main())
+
+
+def test_a_peer_of_another_protocol_version_gets_a_clear_error(monkeypatch):
+    """PROTOCOL_VERSION is checked at hello, both ways: the server refuses a client of another version,
+    and a client refuses a server of another version, each naming both versions."""
+    import threefs.rpc.client as rpc_client
+    from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
+
+    class FutureHello(Hello):  # what a newer client would send
+        pass
+
+    async def main():
+        server, addr = await _server()
+        try:
+            monkeypatch.setattr(rpc_client, "Hello",
+                                lambda **kw: FutureHello(**kw, protocol=PROTOCOL_VERSION + 1))
+            client = RpcClient(TOKEN)
+            with pytest.raises(ThreeFSError) as e:
+                await client.call(addr, "echo.echo", EchoReq("x"), EchoRsp)
+            assert e.value.code == StatusCode.PROTOCOL_ERROR
+            assert f"protocol {PROTOCOL_VERSION}, this peer {PROTOCOL_VERSION + 1}" in e.value.message
+            await client.close()
+            monkeypatch.undo()
+            import threefs.rpc.server as rpc_server  # an older server answering hello
+            monkeypatch.setattr(rpc_server, "HelloRsp",
+                                lambda service: HelloRsp(service=service, protocol=PROTOCOL_VERSION - 1))
+            client = RpcClient(TOKEN)
+            with pytest.raises(ThreeFSError) as e:
+                await client.call(addr, "echo.echo", EchoReq("x"), EchoRsp)
+            assert e.value.code == StatusCode.PROTOCOL_ERROR and "run the same threefs version" in e.value.message
+            await client.close()
+        finally:
+            await server.stop()
+
+    run(main())

@@ -32,7 +32,7 @@ class SecEnv:
         self._clients: list[Client] = []
 
     def mgmtd_call(self, method: str, req, rsp_type):
-        return self.root._run(self.root.aio.mgmtd.call(method, req, rsp_type))
+        return self.root.run(self.root.aio.mgmtd.call(method, req, rsp_type))
 
     def add_user(self, name: str, uid: int) -> str:
         rsp = self.mgmtd_call("user_add", ms.UserReq(name, uid, uid), ms.UserTokenRsp)
@@ -50,7 +50,7 @@ class SecEnv:
     def addrs(self, node_type: str) -> list[str]:
         if node_type == ms.MGMTD:  # mgmtd is not in its own routing nodes: both come from the config
             return sorted(self.config.mgmtd)
-        routing = self.root._run(self.root.aio.mgmtd.call("status", Empty(), ms.MgmtdStatusRsp)).routing
+        routing = self.root.run(self.root.aio.mgmtd.call("status", Empty(), ms.MgmtdStatusRsp)).routing
         return sorted(n.addr for n in routing.nodes.values() if n.type == node_type and n.alive)
 
     def pid_of_addr(self, addr: str) -> int:

@@ -105,14 +105,14 @@ def test_user_token_cannot_act_as_another_user(sec, users):
     try:
         for cred in (m.UserCred(0, 0), m.UserCred(2000, 2000), m.UserCred(1000, 1000, (0,))):
             with pytest.raises(ThreeFSError) as ei:
-                sec.root._run(rpc.call(meta, "meta.mkdir", m.MkdirReq("/authz/as-other", user=cred),
+                sec.root.run(rpc.call(meta, "meta.mkdir", m.MkdirReq("/authz/as-other", user=cred),
                                        m.AttrRsp))
             assert ei.value.code == StatusCode.PERMISSION_DENIED and "may not act as" in ei.value.message
         # naming herself exactly is allowed (and still cannot write /authz)
         with pytest.raises(ThreeFSError) as ei:
             mine = m.MkdirReq("/authz/as-self", user=m.UserCred(1000, 1000))
-            sec.root._run(rpc.call(meta, "meta.mkdir", mine, m.AttrRsp))
+            sec.root.run(rpc.call(meta, "meta.mkdir", mine, m.AttrRsp))
         assert ei.value.code == StatusCode.PERMISSION_DENIED
     finally:
-        sec.root._run(rpc.close())
+        sec.root.run(rpc.close())
     assert not sec.root.exists("/authz/as-other") and not sec.root.exists("/authz/as-self")

@@ -116,7 +116,7 @@ def victim(tmp_path_factory):
         client.write_bytes("/keep/data", b"precious" * 1000)
         client.mkdir("/tmp", 0o1777)
         add = client.aio.mgmtd.call("user_add", ms.UserReq("fuzzy", 1000, 1000), ms.UserTokenRsp)
-        user = client._run(add)
+        user = client.run(add)
         cluster.user_token = user.token
         yield cluster, client
         client.close()
@@ -125,7 +125,7 @@ def victim(tmp_path_factory):
 
 
 def _addrs(client: Client) -> dict[str, list[str]]:
-    routing = client._run(client.aio.mgmtd.call("status", Empty(), ms.MgmtdStatusRsp)).routing
+    routing = client.run(client.aio.mgmtd.call("status", Empty(), ms.MgmtdStatusRsp)).routing
     out: dict[str, list[str]] = {ms.MGMTD: list(client.aio.config.mgmtd)}
     for n in routing.nodes.values():
         out.setdefault(n.type, []).append(n.addr)
@@ -194,7 +194,7 @@ def test_every_rpc_method_survives_random_bodies(victim):
     stats = {"hangs": [], "internal": [], "codes": {}}
     token = (cluster.dir / "token").read_text().strip()
     started = time.monotonic()
-    client._run(_fuzz_methods([token, cluster.user_token], addrs, rng, stats))
+    client.run(_fuzz_methods([token, cluster.user_token], addrs, rng, stats))
     n_methods = sum(len(v) for v in service_methods().values())
     outcomes: dict[str, int] = {}
     for key in stats["codes"]:

@@ -19,7 +19,7 @@ from threefs.rpc.schemas.common import Empty
 
 
 async def _call(config: ClientConfig, method: str, req, rsp_type):
-    from threefs.client.mgmtd_client import MgmtdClient
+    from threefs.cluster.mgmtd_client import MgmtdClient
     from threefs.rpc.client import RpcClient
 
     rpc = RpcClient(config.token, client_id="threefs-admin")

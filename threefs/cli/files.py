@@ -7,7 +7,6 @@ stderr and exits 1.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import stat as stat_mod
@@ -23,7 +22,6 @@ from threefs.rpc.schemas import meta as m
 
 TYPE_NAMES = {m.FILE: "file", m.DIRECTORY: "dir", m.SYMLINK: "symlink"}
 COPY_WORKERS = 8  # files copied at once by put/get (hides meta round trips of small files)
-STAT_BATCH = 1024  # paths per batch stat call (meta's limit: limits.BATCH_STAT_MAX)
 
 
 def _client(args):
@@ -42,16 +40,6 @@ def human(n: int) -> str:
 
 def _join(base: str, name: str) -> str:
     return f"{base.rstrip('/')}/{name}"
-
-
-def stat_many(fs, paths: list[str], follow: bool = False) -> list[m.InodeAttr | ThreeFSError]:
-    """lstat (or stat) many paths: one meta call per STAT_BATCH paths (each path its result)."""
-    async def batches():
-        chunks = [paths[i:i + STAT_BATCH] for i in range(0, len(paths), STAT_BATCH)]
-        results = await asyncio.gather(*(fs.aio.batch_stat(c, follow=follow) for c in chunks))
-        return [r for chunk in results for r in chunk]
-
-    return fs._run(batches()) if paths else []
 
 
 # -- ls / stat / mkdir / mv / cat ---------------------------------------------------------------------
@@ -78,7 +66,7 @@ def cmd_ls(args) -> int:
                 names, attrs = [PurePosixPath(path).name], [attr]
             else:
                 names = sorted(e.name for e in fs.scandir(path))
-                attrs = stat_many(fs, [_join(path, n) for n in names]) if args.long else [None] * len(names)
+                attrs = fs.batch_stat([_join(path, n) for n in names], follow=False) if args.long else [None] * len(names)
             if len(args.paths) > 1:
                 print(f"{path}:")
             for name, a in zip(names, attrs):
@@ -133,11 +121,11 @@ def cmd_rm(args) -> int:
     with _client(args) as fs:
         for p in args.paths:
             try:
-                attr = fs._run(fs.aio.lstat(p))
+                attr = fs.run(fs.aio.lstat(p))
                 if attr.type == m.DIRECTORY and not args.recursive:
                     raise status_error(StatusCode.IS_DIRECTORY, f"{p} is a directory (use rm -r)")
                 # a tree goes to meta's GC in one transaction; its chunks are removed in the background
-                fs._run(fs.aio.remove(p, recursive=attr.type == m.DIRECTORY))
+                fs.run(fs.aio.remove(p, recursive=attr.type == m.DIRECTORY))
             except FileNotFoundError as e:
                 if not args.force:
                     print(f"threefs rm: {p}: {e}", file=sys.stderr)
@@ -148,31 +136,10 @@ def cmd_rm(args) -> int:
     return failed
 
 
-def disk_usage(fs, path: str) -> tuple[int, int, int]:
-    """(bytes, files, directories) under path, counting apparent file lengths."""
-    attr = fs.stat(path)
-    if attr.type != m.DIRECTORY:
-        return attr.length, 1, 0
-    total, files, dirs = 0, 0, 1
-    stack = [path]
-    while stack:
-        d = stack.pop()
-        entries = fs.scandir(d)
-        children = [_join(d, e.name) for e in entries]
-        for child, e, a in zip(children, entries, stat_many(fs, children)):
-            if e.type == m.DIRECTORY:
-                stack.append(child)
-                dirs += 1
-            elif not isinstance(a, ThreeFSError):
-                total += a.length
-                files += 1
-    return total, files, dirs
-
-
 def cmd_du(args) -> int:
     with _client(args) as fs:
         for path in args.paths or ["/"]:
-            size, files, dirs = disk_usage(fs, path)
+            size, files, dirs = fs.disk_usage(path)
             shown = human(size) if args.human else str(size)
             print(f"{shown}\t{path}" + (f"\t({files} files, {dirs} dirs)" if args.verbose else ""))
     return 0
@@ -180,7 +147,7 @@ def cmd_du(args) -> int:
 
 def cmd_df(args) -> int:
     with _client(args) as fs:
-        st = fs._run(fs.aio.statfs())
+        st = fs.run(fs.aio.statfs())
     fmt = human if args.human else str
     use = f"{100 * st.used_bytes / st.capacity_bytes:.0f}%" if st.capacity_bytes else "-"
     print(f"{'Filesystem':<12} {'Size':>14} {'Used':>14} {'Avail':>14} {'Use%':>5} {'Replicas':>8} "

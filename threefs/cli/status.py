@@ -164,7 +164,7 @@ def render_text(st: ms.MgmtdStatusRsp, mgmtds: list[ms.PrimaryRsp], unreachable)
 
 def render_status(fs, as_json: bool = False) -> int:
     """Print the status once (exit 0); `fs` is a connected `threefs.Client`."""
-    st, mgmtds, unreachable = fs._run(gather(fs.aio))
+    st, mgmtds, unreachable = fs.run(gather(fs.aio))
     if as_json:
         print(json.dumps(as_dict(st, mgmtds, unreachable), indent=2))
     else:

@@ -7,8 +7,8 @@ import itertools
 import logging
 import os
 
-from threefs.client.mgmtd_client import MgmtdClient
-from threefs.client.storage_client import ReadItem, StorageClient
+from threefs.cluster.mgmtd_client import MgmtdClient
+from threefs.cluster.storage_client import ReadItem, StorageClient
 from threefs.common import limits
 from threefs.common.config import ClientConfig
 from threefs.common.ids import chunk_id
@@ -146,12 +146,16 @@ class AsyncClient:
 
     async def batch_stat(self, items: list, follow: bool = True,
                          user: m.UserCred | None = None) -> list[m.InodeAttr | ThreeFSError]:
-        """stat of many paths or (parent inode, path) pairs in one call (one snapshot); each item gets its
-        attributes or its error."""
+        """stat of many paths or (parent inode, path) pairs; each item gets its attributes or its error.
+        Up to limits.BATCH_STAT_MAX items are one meta call (one snapshot); more go as several calls at
+        once."""
         pairs = [m.PathAt(*i) if isinstance(i, tuple) else m.PathAt(m.NO_PARENT, i) for i in items]
-        rsp = await self.meta_call("batch_stat", m.BatchStatReq(pairs, follow, user), m.BatchStatRsp)
+        step = limits.BATCH_STAT_MAX
+        rsps = await asyncio.gather(*(
+            self.meta_call("batch_stat", m.BatchStatReq(pairs[i:i + step], follow, user), m.BatchStatRsp)
+            for i in range(0, len(pairs), step)))
         return [a if a is not None else status_error(code, msg)
-                for a, code, msg in zip(rsp.attrs, rsp.errors, rsp.messages)]
+                for rsp in rsps for a, code, msg in zip(rsp.attrs, rsp.errors, rsp.messages)]
 
     async def readdir(self, path: str = "", start_after: str = "", limit: int = limits.READDIR_PAGE_MAX, *,
                       parent: int = m.NO_PARENT, user: m.UserCred | None = None) -> m.ReaddirRsp:

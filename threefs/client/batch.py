@@ -183,7 +183,7 @@ def _write_target(client, file, by_path: dict, targets: dict, create: bool) -> W
     if path not in by_path:
         try:
             flags = open_flags("r+b")[0] | (os.O_CREAT if create else 0)
-            rsp = client._run(client.aio.open(path, flags))
+            rsp = client.run(client.aio.open(path, flags))
             if rsp.attr.type != m.FILE:
                 raise status_error(StatusCode.IS_DIRECTORY, f"{path} is not a regular file")
             by_path[path] = targets[rsp.attr.inode] = WriteTarget(rsp.attr, session=rsp.session)
@@ -217,9 +217,9 @@ def close_write_targets(client, targets: dict[int, WriteTarget]) -> None:
             if t.file is not None:
                 t.file._written_end = max(t.file._written_end, t.end)
             elif t.session:
-                client._run(client.aio.close_file(t.attr.inode, t.session, t.end))
+                client.run(client.aio.close_file(t.attr.inode, t.session, t.end))
             elif t.end >= 0:  # an InodeAttr item: no session, the hint carries its truncate version
-                client._run(client.aio.sync_file(t.attr.inode, "", t.end, t.attr.truncate_ver))
+                client.run(client.aio.sync_file(t.attr.inode, "", t.end, t.attr.truncate_ver))
         except ThreeFSError as e:
             errors.append(e)
     if errors:
@@ -231,7 +231,7 @@ def run_partial(client, resolved: list, run) -> list:
     valid = [i for i, r in enumerate(resolved) if not isinstance(r, ThreeFSError)]
     results = list(resolved)
     if valid:
-        for i, r in zip(valid, client._run(run([resolved[i] for i in valid]))):
+        for i, r in zip(valid, client.run(run([resolved[i] for i in valid]))):
             results[i] = r
     return results
 
@@ -246,6 +246,7 @@ class ReadCoalescer:
     def __init__(self, aio):
         self._aio = aio
         self._pending: list[tuple[list, asyncio.Future]] = []
+        self._tasks: set[asyncio.Task] = set()  # batches in flight: owned here (the loop keeps only weak refs)
         self.batches = 0  # storage calls made, and reads they carried (for the daemon's statistics)
         self.reads = 0
 
@@ -271,7 +272,14 @@ class ReadCoalescer:
         self.batches += 1
         self.reads += len(batch)
         task = asyncio.ensure_future(self._aio.storage.read([it for items, _ in batch for it in items]))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         task.add_done_callback(lambda t: self._done(t, batch))
+
+    def close(self) -> None:
+        """Cancel the batches in flight (their callers' reads fail with CancelledError)."""
+        for task in list(self._tasks):
+            task.cancel()
 
     @staticmethod
     def _done(task: asyncio.Task, batch) -> None:

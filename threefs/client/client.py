@@ -16,12 +16,14 @@ import threading
 import weakref
 from pathlib import Path
 
+import msgspec
+
 from threefs.client import batch
 from threefs.client.aio import AsyncClient, open_flags
 from threefs.client.file import READ_AHEAD_BYTES_DEFAULT, WRITE_BEHIND_BYTES_DEFAULT, File, RawFile
 from threefs.client.loop import LoopThread
 from threefs.common.config import ClientConfig, find_client_config, load_toml
-from threefs.common.status import StatusCode, status_error
+from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.schemas import meta as m
 
 
@@ -73,12 +75,24 @@ class Client:
             self._start()
 
     @classmethod
-    def connect(cls, config: str | os.PathLike | ClientConfig | None = None) -> "Client":
+    def connect(cls, config: str | os.PathLike | ClientConfig | None = None, **overrides) -> "Client":
+        """A client of the cluster that `config` names (a client.toml path, a ClientConfig, or None:
+        ./.threefs/client.toml or $THREEFS_CONFIG). Keywords override fields of the config
+        (`timeout_s=60`); an unknown one is refused naming the fields there are."""
         if not isinstance(config, ClientConfig):
             config = load_toml(find_client_config(str(config) if config else None), ClientConfig)
+        if overrides:
+            unknown = sorted(set(overrides) - set(ClientConfig.__struct_fields__))
+            if unknown:
+                raise status_error(StatusCode.INVALID_ARGUMENT,
+                                   f"unknown client option(s) {', '.join(unknown)}; the options are "
+                                   f"{', '.join(ClientConfig.__struct_fields__)}")
+            config = msgspec.structs.replace(config, **overrides)
         return cls(config)
 
-    def _run(self, coro):
+    def run(self, coro):
+        """Run a coroutine of `self.aio` (the async client) on the client's event loop and return its
+        result: the way to reach the async API from synchronous code (a sync method is exactly this)."""
         if self._forked:
             coro.close()
             raise RuntimeError("a coroutine of the parent's connection was run after fork; "
@@ -108,7 +122,7 @@ class Client:
 
     # -- namespace -------------------------------------------------------------------------------
     def stat(self, path: str) -> m.InodeAttr:
-        return self._run(self.aio.stat(path))
+        return self.run(self.aio.stat(path))
 
     def exists(self, path: str) -> bool:
         try:
@@ -118,72 +132,93 @@ class Client:
             return False
 
     def listdir(self, path: str = "/") -> list[str]:
-        return [e.name for e in self._run(self.aio.listdir(path))]
+        return [e.name for e in self.run(self.aio.listdir(path))]
 
     def scandir(self, path: str = "/") -> list[m.DirEntry]:
-        return self._run(self.aio.listdir(path))
+        return self.run(self.aio.listdir(path))
 
     def mkdir(self, path: str, mode: int = 0o755, parents: bool = False, exist_ok: bool = False,
               chunk_size: int = 0, stripe: int = 0) -> m.InodeAttr:
         try:
-            return self._run(self.aio.mkdir(path, mode, parents, chunk_size, stripe))
+            return self.run(self.aio.mkdir(path, mode, parents, chunk_size, stripe))
         except FileExistsError:
             if exist_ok and self.stat(path).type == m.DIRECTORY:
                 return self.stat(path)
             raise
 
     def remove(self, path: str) -> None:
-        self._run(self.aio.remove(path))
+        self.run(self.aio.remove(path))
 
     unlink = remove
 
     def rmdir(self, path: str) -> None:
-        self._run(self.aio.rmdir(path))
+        self.run(self.aio.rmdir(path))
 
     def rename(self, src: str, dst: str, noreplace: bool = False) -> None:
-        self._run(self.aio.rename(src, dst, noreplace))
+        self.run(self.aio.rename(src, dst, noreplace))
 
     def truncate(self, path: str, length: int) -> m.InodeAttr:
-        return self._run(self.aio.truncate(path, length))
+        return self.run(self.aio.truncate(path, length))
 
     # -- [meta] more of POSIX --------------------------------------------------------------------
     def lstat(self, path: str) -> m.InodeAttr:
         """Attributes of `path` itself (a final symlink is not followed)."""
-        return self._run(self.aio.lstat(path))
+        return self.run(self.aio.lstat(path))
 
     def batch_stat(self, paths: list[str], follow: bool = True) -> list:
-        """stat of many paths in one call; each item is an InodeAttr or the error for that path."""
-        return self._run(self.aio.batch_stat(list(paths), follow))
+        """stat (lstat with follow=False) of many paths, one meta call per limits.BATCH_STAT_MAX of them;
+        each item is an InodeAttr or the error for that path."""
+        return self.run(self.aio.batch_stat(list(paths), follow)) if paths else []
+
+    def disk_usage(self, path: str) -> tuple[int, int, int]:
+        """(bytes, files, directories) under `path` (`du`), counting apparent file lengths."""
+        attr = self.stat(path)
+        if attr.type != m.DIRECTORY:
+            return attr.length, 1, 0
+        total, files, dirs = 0, 0, 1
+        stack = [path]
+        while stack:
+            d = stack.pop()
+            entries = self.scandir(d)
+            children = [f"{d.rstrip('/')}/{e.name}" for e in entries]
+            for child, e, a in zip(children, entries, self.batch_stat(children, follow=False)):
+                if e.type == m.DIRECTORY:
+                    stack.append(child)
+                    dirs += 1
+                elif not isinstance(a, ThreeFSError):
+                    total += a.length
+                    files += 1
+        return total, files, dirs
 
     def remove_tree(self, path: str) -> None:
         """`rm -r`: the tree leaves the namespace at once (one transaction); GC removes its files."""
-        self._run(self.aio.remove(path, recursive=True))
+        self.run(self.aio.remove(path, recursive=True))
 
     def symlink(self, target: str, path: str) -> m.InodeAttr:
         """Create `path` as a symlink to `target` (os.symlink's argument order)."""
-        return self._run(self.aio.symlink(target, path))
+        return self.run(self.aio.symlink(target, path))
 
     def readlink(self, path: str) -> str:
-        return self._run(self.aio.readlink(path))
+        return self.run(self.aio.readlink(path))
 
     def link(self, src: str, dst: str) -> m.InodeAttr:
         """A hard link: `dst` becomes another name of the file `src`."""
-        return self._run(self.aio.link(src, dst))
+        return self.run(self.aio.link(src, dst))
 
     def chmod(self, path: str, mode: int) -> m.InodeAttr:
-        return self._run(self.aio.setattr(path, mode=mode))
+        return self.run(self.aio.setattr(path, mode=mode))
 
     def chown(self, path: str, uid: int | None = None, gid: int | None = None) -> m.InodeAttr:
-        return self._run(self.aio.setattr(path, uid=uid, gid=gid))
+        return self.run(self.aio.setattr(path, uid=uid, gid=gid))
 
     def utime(self, path: str, ns: tuple[int, int] | None = None) -> m.InodeAttr:
         """Set (atime_ns, mtime_ns), or both to now (os.utime's convention, in nanoseconds)."""
         atime, mtime = ns if ns is not None else (m.UTIME_NOW, m.UTIME_NOW)
-        return self._run(self.aio.setattr(path, atime_ns=atime, mtime_ns=mtime))
+        return self.run(self.aio.setattr(path, atime_ns=atime, mtime_ns=mtime))
 
     def statfs(self) -> m.StatfsRsp:
         """Capacity, used and free bytes (of file data: one replica's worth)."""
-        return self._run(self.aio.statfs())
+        return self.run(self.aio.statfs())
 
     # -- files -----------------------------------------------------------------------------------
     def open(self, path: str, mode: str = "rb", buffering: int = -1, *, chunk_size: int = 0,
@@ -197,10 +232,10 @@ class Client:
             raise status_error(StatusCode.INVALID_ARGUMENT, "text mode needs buffering (buffering=0 is "
                                "binary only)")
         flags, readable, writable = open_flags(mode.replace("t", "") + ("b" if text else ""))
-        rsp = self._run(self.aio.open(path, flags, perm, chunk_size, stripe))
+        rsp = self.run(self.aio.open(path, flags, perm, chunk_size, stripe))
         if rsp.attr.type == m.DIRECTORY:
             if rsp.session:
-                self._run(self.aio.close_file(rsp.attr.inode, rsp.session, -1))
+                self.run(self.aio.close_file(rsp.attr.inode, rsp.session, -1))
             raise status_error(StatusCode.IS_DIRECTORY, f"{path} is a directory")
         if buffering == 0:
             return RawFile(self, path, rsp, flags, readable, writable)

@@ -21,8 +21,10 @@ import os
 
 import msgspec
 
+from threefs.cluster.storage_client import RETRY_S
 from threefs.common import limits
 from threefs.common.buffers import aligned_buffer
+from threefs.common.config import CLIENT_TIMEOUT_S_DEFAULT
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.client import as_bytes_view
 from threefs.rpc.schemas import meta as m
@@ -33,6 +35,20 @@ SEGMENT_BYTES_MIN = 1 * limits.MiB  # smaller chunks are grouped into segments o
 SEGMENT_BYTES_MAX = 8 * limits.MiB
 PEEK_BYTES_MAX = 8 * limits.KiB
 FREE_BUFFERS_MAX = 8  # segment buffers kept per file for reuse (fresh pages cost a fault per 4 KiB)
+# The longest a caller waits for an IO in flight: the storage client's retry window plus two calls of the
+# default timeout. The IO's own deadlines end it sooner; this bounds the wait even if they did not.
+IO_WAIT_S = RETRY_S + 2 * CLIENT_TIMEOUT_S_DEFAULT
+
+
+def _result(fut, what: str):
+    """The result of a concurrent future of the client's loop, waited for at most IO_WAIT_S."""
+    import concurrent.futures
+
+    try:
+        return fut.result(timeout=IO_WAIT_S)
+    except concurrent.futures.TimeoutError:
+        fut.cancel()
+        raise status_error(StatusCode.TIMEOUT, f"{what} did not finish in {IO_WAIT_S:.0f} s") from None
 
 
 def _with_length(a: m.InodeAttr, length: int) -> m.InodeAttr:
@@ -128,7 +144,7 @@ class _Handle:
         if size < 0:
             raise status_error(StatusCode.INVALID_ARGUMENT, f"negative size {size}")
         # by inode: the file may have been renamed since it was opened
-        self._attr = self._client._run(self._client.aio.setattr("", parent=self._attr.inode, length=size))
+        self._attr = self._client.run(self._client.aio.setattr("", parent=self._attr.inode, length=size))
         self._written_end = -1  # the new length is in meta; a later close must not re-extend it
         self._truncated = True  # the session's truncate version is stale now: hints go with attr's
         return size
@@ -139,12 +155,12 @@ class _Handle:
         aio, inode, session = self._client.aio, self._attr.inode, self._session
         hint = self._written_end
         if hint >= 0 and (self._truncated or not end_session):
-            self._attr = self._client._run(aio.sync_file(inode, session, hint, self._attr.truncate_ver))
+            self._attr = self._client.run(aio.sync_file(inode, session, hint, self._attr.truncate_ver))
             hint = -1
         if end_session and session:
-            self._attr = self._client._run(aio.close_file(inode, session, hint))
+            self._attr = self._client.run(aio.close_file(inode, session, hint))
         elif end_session and hint >= 0:  # written without a session (cannot happen via open())
-            self._attr = self._client._run(aio.sync_file(inode, "", hint, self._attr.truncate_ver))
+            self._attr = self._client.run(aio.sync_file(inode, "", hint, self._attr.truncate_ver))
 
 
 class RawFile(_Handle, io.RawIOBase):
@@ -156,7 +172,7 @@ class RawFile(_Handle, io.RawIOBase):
 
     def readinto(self, b) -> int:
         self._check_readable()
-        n = self._client._run(self._client.aio.read_into(self._attr_now(), self._pos, b))
+        n = self._client.run(self._client.aio.read_into(self._attr_now(), self._pos, b))
         self._pos += n
         return n
 
@@ -164,7 +180,7 @@ class RawFile(_Handle, io.RawIOBase):
         self._check_writable()
         if self.mode_flags & os.O_APPEND:
             self._pos = self._length()
-        n = self._client._run(self._client.aio.write_at(self._attr, self._pos, b))
+        n = self._client.run(self._client.aio.write_at(self._attr, self._pos, b))
         self._pos += n
         self._written_end = max(self._written_end, self._pos)
         return n
@@ -315,7 +331,7 @@ class File(_Handle, io.BufferedIOBase):
         fut, begin, end, owned = self._inflight.popleft()
         self._inflight_bytes -= end - begin
         try:
-            fut.result()
+            _result(fut, "a write-behind write")
             self._acked_end = max(self._acked_end, end)
         except BaseException as e:  # kept, raised at the next call: the caller's write() returned
             self._write_failed = True
@@ -418,7 +434,7 @@ class File(_Handle, io.BufferedIOBase):
             if head is not None:
                 self._drop_read_ahead()
             if not sequential or n - done >= self._seg_bytes:
-                got = self._client._run(self._client.aio.read_into(self._attr_now(), self._pos,
+                got = self._client.run(self._client.aio.read_into(self._attr_now(), self._pos,
                                                                    dest[done:n]))
                 self._pos += got
                 done += got
@@ -444,7 +460,7 @@ class File(_Handle, io.BufferedIOBase):
 
     def _segment_length(self, seg: _Segment) -> int:
         if seg.length < 0:
-            seg.length = seg.future.result()
+            seg.length = _result(seg.future, "a read-ahead read")
         return seg.length
 
     def _schedule(self, pos: int, nbytes: int) -> None:

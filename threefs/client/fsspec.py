@@ -72,11 +72,9 @@ class ThreeFSFileSystem(AbstractFileSystem):
         if attr.type != m.DIRECTORY:
             entries = [self._entry(path, attr)]
         else:
-            from threefs.cli.files import stat_many
-
             names = sorted(e.name for e in self.client.scandir(path))
             paths = [f"{path.rstrip('/')}/{n}" for n in names]
-            entries = [self._entry(p, a) for p, a in zip(paths, stat_many(self.client, paths, follow=True))
+            entries = [self._entry(p, a) for p, a in zip(paths, self.client.batch_stat(paths, follow=True))
                        if isinstance(a, m.InodeAttr)]
         return entries if detail else [e["name"] for e in entries]
 

@@ -10,6 +10,9 @@ import msgspec
 from threefs.common.status import StatusCode, status_error
 
 
+CLIENT_TIMEOUT_S_DEFAULT = 30.0  # [client] timeout_s: one RPC of a client
+
+
 class TargetConfig(msgspec.Struct):
     target_id: int
     path: str
@@ -54,7 +57,7 @@ class ServiceConfig(msgspec.Struct, kw_only=True):
 class ClientConfig(msgspec.Struct, kw_only=True):
     mgmtd: list[str]
     token: str
-    timeout_s: float = 30.0
+    timeout_s: float = CLIENT_TIMEOUT_S_DEFAULT
     request_to_send: int = 0  # > 0: storage asks before sending read data; at most this many at once
     cluster_dir: str = ""
 

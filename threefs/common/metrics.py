@@ -1,12 +1,13 @@
 """Prometheus metrics of a service process (`ServiceConfig.metrics_port`; 0 = none).
 
 Every service exports RPC request counts by method and status, latency histograms, payload bytes in and
-out (fed by `RpcServer.metrics_hook`), plus gauges read from the service at scrape time: chain and target
-states and the routing version (mgmtd), fencing, target usage and resync progress (storage). Gauges are
-computed on scrape rather than kept up to date, so the data path pays nothing for them.
+out (fed by `RpcServer.metrics_hook`), plus gauges that each service registers (`add_gauges`) and that are read at scrape time:
+mgmtd/metrics.py (chain and target states, routing version), storage/metrics.py (fencing, target usage,
+resync progress). Gauges are computed on scrape rather than kept up to date, so the data path pays
+nothing for them.
 
 Metric names: threefs_rpc_requests_total{method,status}, threefs_rpc_latency_seconds{method},
-threefs_rpc_payload_bytes_total{method,direction}, the gauges of `mgmtd_gauges` and `storage_gauges`,
+threefs_rpc_payload_bytes_total{method,direction}, the services' gauges,
 and threefs_service_info{service,node_id} naming the process.
 """
 
@@ -108,64 +109,3 @@ class ServiceMetrics:
         self.port = server.server_port
         log.info("metrics on http://%s:%d/metrics", host, self.port)
         return self.port
-
-
-# -- gauges per service -----------------------------------------------------------------------------
-def mgmtd_gauges(svc) -> GaugeSource:
-    """Primary or not, routing version, targets per public state, chains per health, nodes alive."""
-    from threefs.rpc.schemas import mgmtd as ms
-
-    def samples() -> list[Sample]:
-        out = [Sample("threefs_mgmtd_primary", "1 if this mgmtd is the primary", {},
-                      1.0 if svc.role == "primary" else 0.0)]
-        routing = svc.routing
-        if routing is None or svc.role != "primary":  # a standby's copy is stale
-            return out
-        out.append(Sample("threefs_routing_version", "routing info version", {}, routing.version))
-        targets = list(routing.targets.values())
-        for state in ms.PUBLIC_STATES:
-            n = sum(t.public_state == state for t in targets if t.chain_id)
-            out.append(Sample("threefs_targets", "chain targets by public state", {"state": state}, n))
-        chains = list(routing.chains.values())
-        health = {"serving": 0, "degraded": 0, "down": 0}
-        for c in chains:
-            states = [t.public_state for t in c.targets]
-            key = "down" if ms.SERVING not in states else "serving" if set(states) == {ms.SERVING} else "degraded"
-            health[key] += 1
-        out += [Sample("threefs_chains", "chains by health", {"health": k}, v) for k, v in health.items()]
-        for node in list(routing.nodes.values()):
-            out.append(Sample("threefs_node_alive", "1 while the node heartbeats",
-                              {"node_id": str(node.node_id), "type": node.type}, 1.0 if node.alive else 0.0))
-        for p in svc.current_syncs():
-            out.append(Sample("threefs_resync_chunks_done", "chunks resynced so far",
-                              {"target": str(p.target_id)}, p.chunks_done))
-            out.append(Sample("threefs_resync_chunks_total", "chunks to resync",
-                              {"target": str(p.target_id)}, p.chunks_total))
-        return out
-
-    return samples
-
-
-def storage_gauges(svc) -> GaugeSource:
-    """Fencing, per-target used bytes and local state, resync progress of the syncs this node runs."""
-    from threefs.mgmtd.heartbeat import sync_reports
-
-    def samples() -> list[Sample]:
-        out = [Sample("threefs_storage_fenced", "1 while cut off from mgmtd (refusing IO)", {},
-                      1.0 if svc.fence.fenced else 0.0),
-               Sample("threefs_storage_fence_events", "times the fence closed", {}, svc.fence.fence_count)]
-        routing = svc.mgmtd.routing
-        for tid, engine in list(svc.engines.items()):
-            labels = {"target": str(tid)}
-            out.append(Sample("threefs_target_used_bytes", "bytes used by a target", labels,
-                              engine.used_bytes()))
-            state = svc.local_state(routing, tid)
-            out.append(Sample("threefs_target_uptodate", "1 if the target reports UPTODATE", labels,
-                              1.0 if state == "UPTODATE" else 0.0))
-        for p in sync_reports(svc.resync, routing, svc.engines):
-            labels = {"target": str(p.target_id), "source": str(p.source_id)}
-            out.append(Sample("threefs_resync_chunks_done", "chunks resynced so far", labels, p.chunks_done))
-            out.append(Sample("threefs_resync_chunks_total", "chunks to resync", labels, p.chunks_total))
-        return out
-
-    return samples

@@ -18,6 +18,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from threefs.client import DIRECTORY
 from threefs.common import limits
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 
@@ -161,10 +162,8 @@ class ThreeFSFiles:
         pass
 
     def open_read(self, path: str) -> Opened:
-        from threefs.rpc.schemas import meta as m
-
         attr = self.client.stat(path)
-        if attr.type == m.DIRECTORY:
+        if attr.type == DIRECTORY:
             raise status_error(StatusCode.IS_DIRECTORY, f"{path} is a directory, not an FFRecord file")
         return Opened(path, attr, attr.length)
 
@@ -180,9 +179,7 @@ class ThreeFSFiles:
         return out
 
     def list_ffr(self, path: str) -> list[str] | None:
-        from threefs.rpc.schemas import meta as m
-
-        if self.client.stat(path).type != m.DIRECTORY:
+        if self.client.stat(path).type != DIRECTORY:
             return None
         names = sorted(e.name for e in self.client.scandir(path) if e.name.endswith(".ffr"))
         return [path.rstrip("/") + "/" + name for name in names]

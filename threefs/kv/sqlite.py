@@ -296,7 +296,10 @@ class _Checkpointer:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        # The thread wakes at once; a checkpoint in progress is bounded by SQLite's busy timeout.
+        self._thread.join(BUSY_TIMEOUT_S + CHECKPOINT_INTERVAL_S)
+        if self._thread.is_alive():
+            log.warning("SQLite KV %s: checkpoint thread still running after stop", self._path)
 
 
 async def open_sqlite(url: str) -> KVEngine:

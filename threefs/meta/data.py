@@ -12,22 +12,22 @@ import logging
 import time
 from collections.abc import Callable
 
-from threefs.client.mgmtd_client import MgmtdClient, Routing
-from threefs.client.storage_client import StorageClient
+from threefs.cluster.mgmtd_client import MgmtdClient
+from threefs.cluster.routing import Routing
+from threefs.cluster.storage_client import StorageClient
 from threefs.common.ids import chunk_id, inode_chunk_range, parse_chunk_id
 from threefs.common.layout import Layout, chain_of_chunk
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.meta.ops_attr import LengthUpdate
 from threefs.meta.ops_create import Replan
 from threefs.meta.schema import FILE
-from threefs.meta.store import MetaStore
+from threefs.meta.store import DEFAULT_TABLE_ID, MetaStore
 from threefs.rpc.schemas.meta import InodeAttr, StatfsRsp
 
 log = logging.getLogger(__name__)
 
 STATFS_CACHE_S = 1.0
 LENGTH_ROUNDS_MAX = 8  # measure-and-store attempts while truncates keep changing the file
-DEFAULT_TABLE_ID = 1
 
 
 class DataOps:

@@ -12,20 +12,20 @@ removed. See docs/meta.md.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
 
-from threefs.client.mgmtd_client import MgmtdClient
-from threefs.client.storage_client import StorageClient
+from threefs.cluster.heartbeat import heartbeat_loop
+from threefs.cluster.mgmtd_client import MgmtdClient
+from threefs.cluster.storage_client import StorageClient
 from threefs.common.config import ServiceConfig
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.meta.background import ClientSessions, GcWorker
-from threefs.meta.data import DEFAULT_TABLE_ID, DataOps, meta_owner
+from threefs.meta.data import DataOps, meta_owner
 from threefs.meta.ops_attr import Changes, LengthUpdate
 from threefs.meta.ops_create import Replan
-from threefs.meta.store import Caller, MetaStore, check_client_id
+from threefs.meta.store import DEFAULT_TABLE_ID, Caller, MetaStore, check_client_id
 from threefs.meta.users import acting_user
 from threefs.rpc.schemas import meta as m
 from threefs.rpc.schemas import mgmtd as ms
@@ -68,7 +68,7 @@ class MetaService:
 
     def set_users(self, entries) -> None:
         """Install mgmtd's token list (TokenEntry: name, uid, gid) as principal -> user."""
-        from threefs.mgmtd.users import principal_of
+        from threefs.rpc.auth import principal_of
 
         self.known_users = {principal_of(e): m.UserCred(e.uid, e.gid) for e in entries}
 
@@ -89,19 +89,15 @@ class MetaService:
 
     async def heartbeat_loop(self) -> None:
         """Runs for the service's lifetime."""
-        while True:
-            try:
-                self.hb_version += 1
-                rsp = await self.mgmtd.call("heartbeat", ms.HeartbeatReq(self.config.node_id,
-                                                                         self.hb_version), ms.HeartbeatRsp)
-                if self.mgmtd.routing is None or rsp.routing_version != self.mgmtd.routing.version:
-                    await self.mgmtd.refresh()
-            except ThreeFSError as e:
-                if e.code == StatusCode.NODE_NOT_FOUND:
-                    await self.register()
-                else:
-                    log.warning("heartbeat failed: %s", e)
-            await asyncio.sleep(self.config.heartbeat_interval_s)
+        await heartbeat_loop(self.config.name, self.config.heartbeat_interval_s, self.heartbeat_once,
+                             self.register)
+
+    async def heartbeat_once(self) -> None:
+        self.hb_version += 1
+        rsp = await self.mgmtd.call("heartbeat", ms.HeartbeatReq(self.config.node_id, self.hb_version),
+                                    ms.HeartbeatRsp)
+        if self.mgmtd.routing is None or rsp.routing_version != self.mgmtd.routing.version:
+            await self.mgmtd.refresh()
 
     def _caller(self, ctx: CallContext, req) -> Caller:
         check_client_id(ctx.client_id)

@@ -22,10 +22,10 @@ import stat as st
 from typing import NamedTuple
 
 from threefs.common.status import StatusCode, status_error
+from threefs.rpc.auth import CLUSTER
 from threefs.rpc.schemas.meta import UserCred
 
 ROOT = UserCred(0, 0)
-CLUSTER = "cluster"  # the principal of the cluster token (mgmtd/users.py)
 R, W, X = 4, 2, 1  # the permission a check wants (mode-bit values of "others")
 GIDS_MAX = 64  # supplementary groups one credential may carry (Linux NGROUPS is larger; FUSE gives one)
 ID_MAX = (1 << 32) - 2  # uid/gid are u32; (u32)-1 means "unchanged" in chown and is never an id

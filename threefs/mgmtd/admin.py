@@ -14,8 +14,8 @@ import time
 from threefs.common.status import StatusCode, status_error
 from threefs.mgmtd.chain_state import TransitionError, rotate_lastsrv
 from threefs.mgmtd.service import MgmtdService
-from threefs.mgmtd.users import (USERS_MAX, check_user_name, hash_token, new_token, require_cluster,
-                                 token_entries)
+from threefs.mgmtd.users import USERS_MAX, check_user_name, new_token
+from threefs.rpc.auth import hash_token, require_cluster, token_entries
 from threefs.rpc.schemas import mgmtd as s
 from threefs.rpc.schemas.common import Empty
 from threefs.rpc.server import CallContext, rpc

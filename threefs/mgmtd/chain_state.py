@@ -181,13 +181,3 @@ def sync_done_refusal(chain: ChainInfo, target_id: int, sync_chain_ver: int) -> 
         return (f"chain {chain.chain_id} changed from v{sync_chain_ver} to v{chain.version} during the "
                 f"resync of target {target_id}; the resync starts over")
     return None
-
-
-def serving_targets(chain: ChainInfo) -> list[int]:
-    """The targets a read may go to."""
-    return [t.target_id for t in chain.targets if t.public_state == SERVING]
-
-
-def write_targets(chain: ChainInfo) -> list[int]:
-    """The targets a write goes through, head first (SERVING then SYNCING)."""
-    return [t.target_id for t in chain.targets if t.public_state in (SERVING, SYNCING)]

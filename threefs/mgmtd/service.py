@@ -19,7 +19,7 @@ from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.kv import Transaction
 from threefs.mgmtd.chain_state import next_chain, sync_done_refusal
 from threefs.mgmtd.store import MgmtdStore, read_lease
-from threefs.mgmtd.users import TokenAuthenticator, require_cluster, token_entries
+from threefs.rpc.auth import TokenAuthenticator, require_cluster, token_entries
 from threefs.rpc.schemas import mgmtd as s
 from threefs.rpc.schemas.common import Empty
 from threefs.rpc.server import CallContext, rpc

@@ -20,7 +20,7 @@ import msgspec
 from threefs.common import limits
 from threefs.common.status import StatusCode, ThreeFSError, UnavailableError, status_error
 from threefs.rpc.frame import KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RTS, Header, body_encoder
-from threefs.rpc.schemas.common import Hello, HelloRsp
+from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
 from threefs.rpc.transport import FramedProtocol
 
 log = logging.getLogger(__name__)
@@ -155,9 +155,14 @@ class RpcClient:
                                                        host, int(port))
                 body = body_encoder.encode(Hello(token=self.token, client_id=self.client_id))
                 header, _ = await conn.request(KIND_HELLO, "hello", body, None, None, self.connect_timeout)
-                msgspec.msgpack.decode(header.body, type=HelloRsp)
+                rsp = msgspec.msgpack.decode(header.body, type=HelloRsp)
+                if rsp.protocol != PROTOCOL_VERSION:
+                    conn.transport.close()
+                    raise status_error(StatusCode.PROTOCOL_ERROR,
+                                       f"{addr} ({rsp.service}) speaks threefs protocol {rsp.protocol}, "
+                                       f"this client {PROTOCOL_VERSION}: run the same threefs version")
         except (OSError, TimeoutError) as e:
-            if isinstance(e, ThreeFSError) and e.code in (StatusCode.AUTH_FAILED,
+            if isinstance(e, ThreeFSError) and e.code in (StatusCode.AUTH_FAILED, StatusCode.PROTOCOL_ERROR,
                                                           StatusCode.TOO_MANY_REQUESTS):
                 raise
             raise UnavailableError(StatusCode.UNAVAILABLE, f"cannot connect to {addr}: "

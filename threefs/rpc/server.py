@@ -25,7 +25,7 @@ from threefs.common.buffers import BufferPool, Lease
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RESPONSE, KIND_RTS, FrameError,
                                Header, body_encoder)
-from threefs.rpc.schemas.common import Hello, HelloRsp
+from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
 from threefs.rpc.transport import FramedProtocol
 
 log = logging.getLogger(__name__)
@@ -182,10 +182,18 @@ class ServerConnection(FramedProtocol):
         if header.kind == KIND_HELLO:
             try:
                 hello = msgspec.msgpack.decode(header.body, type=Hello)
+            except msgspec.DecodeError:
+                hello = None
+            if hello is not None and hello.protocol != PROTOCOL_VERSION:
+                await self._send_quiet(Header(
+                    KIND_HELLO, header.rid, status=int(StatusCode.PROTOCOL_ERROR),
+                    message=f"{self.server.name} speaks threefs protocol {PROTOCOL_VERSION}, this peer "
+                    f"{hello.protocol}: run the same threefs version on both sides"))
+                self.transport.close()
+                return
+            if hello is not None:
                 principal = await self.server.authenticate(hello.token)
                 self.client_id = hello.client_id
-            except msgspec.DecodeError:
-                principal = None
         if principal is None:
             rsp = Header(KIND_HELLO, header.rid, status=int(StatusCode.AUTH_FAILED),
                          message="authentication failed: missing or invalid token (check the `token` "

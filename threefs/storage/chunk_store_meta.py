@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 FRAME_HEADER = struct.Struct("<II")  # payload bytes, crc32c(payload)
-FRAME_PAYLOAD_BYTES_MAX = 16 * MiB  # a larger length field can only be garbage
+RECORD_BYTES_MAX = 16 * MiB  # one metadata log record; a larger length field can only be garbage
 SNAPSHOT_RECORDS_PER_FRAME = 4096
 LOG_PREALLOC_BYTES = 1 * MiB  # ~15k removal records of headroom on a full disk
 COMPACT_BYTES_MIN_DEFAULT = 64 * MiB
@@ -102,7 +102,7 @@ def io_status_error(exc: OSError, message: str) -> ThreeFSError:
 
 def _frame(records: list) -> bytes:
     payload = _encoder.encode(records)
-    assert 0 < len(payload) <= FRAME_PAYLOAD_BYTES_MAX
+    assert 0 < len(payload) <= RECORD_BYTES_MAX
     return FRAME_HEADER.pack(len(payload), crc32c.crc32c(payload)) + payload
 
 
@@ -274,7 +274,7 @@ def _frames(mm: mmap.mmap) -> Iterator[tuple[int, bytes]]:
     while offset + FRAME_HEADER.size <= size:
         length, crc = FRAME_HEADER.unpack_from(mm, offset)
         start = offset + FRAME_HEADER.size
-        if length == 0 or length > FRAME_PAYLOAD_BYTES_MAX or start + length > size:
+        if length == 0 or length > RECORD_BYTES_MAX or start + length > size:
             return
         payload = mm[start : start + length]  # a copy: no buffer export keeps the mmap open
         if crc32c.crc32c(payload) != crc:

@@ -20,13 +20,14 @@ from typing import Any, Awaitable, Callable, Generator
 import crc32c
 
 from threefs.common.status import StatusCode, ThreeFSError, status_error
-from threefs.mgmtd.chain_state import write_targets
+from threefs.cluster.routing import write_targets
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas import storage as ss
 from threefs.storage.replica import Decision, decide_at_successor, plan_at_head
 
 FORWARD_RETRY_S = 10.0  # how long a replica keeps retrying its successor before failing the update
 FORWARD_BACKOFF_S = (0.01, 0.5)  # first and largest delay between forwarding attempts
+DEDUP_ENTRIES_MAX = 100_000  # exactly-once cache at a head: (client, request id) -> result
 
 
 # -- effects ------------------------------------------------------------------------------------
@@ -273,7 +274,7 @@ def check_chain_version(chain: ms.ChainInfo, chain_ver: int) -> None:
 class ExactlyOnce:
     """Results of recent client updates by (client id, request id): a retry gets the cached answer."""
 
-    def __init__(self, entries_max: int = 100_000):
+    def __init__(self, entries_max: int = DEDUP_ENTRIES_MAX):
         import collections
 
         self.entries_max = entries_max

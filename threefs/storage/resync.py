@@ -11,7 +11,7 @@ import asyncio
 import logging
 
 from threefs.common.status import StatusCode, ThreeFSError, status_error
-from threefs.mgmtd.chain_state import write_targets
+from threefs.cluster.routing import write_targets
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas import storage as ss
 from threefs.rpc.server import CallContext, rpc

@@ -18,7 +18,7 @@ import crc32c
 import msgspec
 
 from threefs.common.status import StatusCode, ThreeFSError, status_error
-from threefs.mgmtd.chain_state import serving_targets
+from threefs.cluster.routing import serving_targets
 from threefs.rpc.schemas import storage as ss
 from threefs.rpc.server import CallContext, rpc
 

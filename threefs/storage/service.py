@@ -15,11 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import crc32c
 
-from threefs.client.mgmtd_client import MgmtdClient, Routing
+from threefs.cluster.mgmtd_client import MgmtdClient
+from threefs.cluster.routing import Routing
 from threefs.common.buffers import align_up
 from threefs.common.config import ServiceConfig
 from threefs.common.status import StatusCode, ThreeFSError, status_error
-from threefs.mgmtd.heartbeat import HEARTBEAT_RETRY_S, HeartbeatFence, sync_reports
+from threefs.cluster.heartbeat import heartbeat_loop
+from threefs.storage.fence import HeartbeatFence, sync_reports
 from threefs.rpc.client import RpcClient
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas import storage as ss
@@ -30,7 +32,7 @@ from threefs.storage import craq
 
 log = logging.getLogger(__name__)
 
-DEDUP_ENTRIES_MAX = 100_000  # exactly-once cache (client, request id) -> result
+DISK_THREADS = 4  # threads per storage service for disk IO that may block (misses, writes, fsync)
 RTS_TIMEOUT_S = 5.0  # request-to-send: send anyway when no grant comes (3FS does the same)
 
 
@@ -66,9 +68,9 @@ class StorageService:
         self.rpc = rpc_client
         self.mgmtd = mgmtd
         self.engines: dict[int, ChunkEngine] = {}
-        self.io_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="disk")
+        self.io_pool = ThreadPoolExecutor(max_workers=DISK_THREADS, thread_name_prefix="disk")
         self._locks: dict[tuple[int, bytes], asyncio.Lock] = {}
-        self._dedup = craq.ExactlyOnce(DEDUP_ENTRIES_MAX)
+        self._dedup = craq.ExactlyOnce()
         self.flows: dict[int, craq.FlowTracker] = {}  # per target: update flows by chain version
         self.hb_version = 0
         self.fence = HeartbeatFence(config.node_id, config.heartbeat_timeout_s, config.heartbeat_interval_s)
@@ -83,6 +85,8 @@ class StorageService:
         log.info("opened %d targets", len(self.engines))
 
     def close(self) -> None:
+        for task in list(self._tasks):  # background tasks it owns (scrub reports): they end with it
+            task.cancel()
         for engine in self.engines.values():
             engine.close()
         self.io_pool.shutdown(wait=True)
@@ -109,18 +113,8 @@ class StorageService:
 
     async def heartbeat_loop(self) -> None:
         """Runs for the service's lifetime; a missing mgmtd only delays the next beat."""
-        while True:
-            delay = self.config.heartbeat_interval_s
-            try:
-                await self.heartbeat_once()
-            except ThreeFSError as e:
-                delay = min(delay, HEARTBEAT_RETRY_S)  # a mgmtd failover is short: do not wait a full beat
-                self.fence.note()
-                if e.code == StatusCode.NODE_NOT_FOUND:
-                    await self.register()
-                else:
-                    log.warning("heartbeat failed: %s", e)
-            await asyncio.sleep(delay)
+        await heartbeat_loop(self.config.name, self.config.heartbeat_interval_s, self.heartbeat_once,
+                             self.register, on_failure=self.fence.note)
 
     async def heartbeat_once(self) -> None:
         routing = self.mgmtd.routing
@@ -209,7 +203,15 @@ class StorageService:
         flows = self.flows.setdefault(me, craq.FlowTracker())
         done = asyncio.get_running_loop().create_future()
         flows.when_quiet_below(chain_ver, lambda: done.done() or done.set_result(None))
-        await done
+        # A flow ends within its forwarding window (it gives up after craq.FORWARD_RETRY_S) plus a
+        # call's timeout; past that something is wrong, and the resync that waits here retries.
+        limit = craq.FORWARD_RETRY_S + 2 * self.config.heartbeat_timeout_s
+        try:
+            async with asyncio.timeout(limit):
+                await done
+        except TimeoutError:
+            raise status_error(StatusCode.TIMEOUT, f"update flows of target {me} admitted before chain "
+                               f"v{chain_ver} still run after {limit:.0f} s") from None
 
     async def _update_locked(self, req, payload, chain, me) -> ss.UpdateRsp:
         return await craq.drive(craq.update_flow(me, chain, req, payload), self._effects(me))

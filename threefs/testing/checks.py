@@ -25,7 +25,7 @@ def wait_for(predicate, what: str, timeout: float = 30.0, interval: float = 0.05
 
 
 def routing(fs) -> ms.RoutingInfo:
-    return fs._run(fs.aio.mgmtd.refresh(force=True)).info
+    return fs.run(fs.aio.mgmtd.refresh(force=True)).info
 
 
 def all_serving(fs) -> bool:
@@ -58,4 +58,4 @@ def replica_differences(fs, path: str) -> list[str]:
                 problems.append(f"{path} chunk {index} differs across replicas: {seen}")
         return problems
 
-    return fs._run(check())
+    return fs.run(check())

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import crc32c
 
 from threefs.common.status import StatusCode, ThreeFSError, status_error
-from threefs.mgmtd.chain_state import next_chain, serving_targets, sync_done_refusal, write_targets
+from threefs.cluster.routing import serving_targets, write_targets
+from threefs.mgmtd.chain_state import next_chain, sync_done_refusal
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas import storage as ss
 from threefs.storage import craq

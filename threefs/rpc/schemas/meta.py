@@ -22,7 +22,6 @@ FILE = 1
 DIRECTORY = 2
 SYMLINK = 3
 
-ROOT_INODE = 0
 NO_PARENT = -1  # `parent` default: the path must be absolute
 UTIME_NOW = -1  # SetattrReq.atime_ns / mtime_ns: "the server's current time" (utimensat's UTIME_NOW)
 

@@ -14,18 +14,18 @@ from dataclasses import dataclass, field
 
 import crc32c
 
-from threefs.client.mgmtd_client import MgmtdClient, Routing
+from threefs.cluster.mgmtd_client import MgmtdClient
+from threefs.cluster.routing import Routing, serving_targets, write_targets
 from threefs.common import limits
 from threefs.common.buffers import BufferPool, align_up
 from threefs.common.status import StatusCode, ThreeFSError, status_error
-from threefs.mgmtd.chain_state import serving_targets, write_targets
 from threefs.rpc.client import RpcClient
 from threefs.rpc.schemas import storage as ss
 
 log = logging.getLogger(__name__)
 
 RETRY_S = 20.0  # total time an IO keeps retrying retryable errors
-BATCH_IOS_MAX = 64
+REQUEST_IOS_MAX = 64  # IOs in one storage.batch_read request (a client batch is split into these)
 BATCH_BYTES_MAX = 4 * limits.MiB
 SOLO_IO_BYTES_MIN = 128 * limits.KiB  # larger IOs skip batching so they need no scatter copy
 
@@ -62,6 +62,25 @@ class StorageClient:
             sem = self._sems[addr] = asyncio.Semaphore(self.inflight_per_node)
         return sem
 
+    async def _call(self, addr: str, method: str, req, rsp_type, **kwargs):
+        """One storage RPC, at most `inflight_per_node` per service at a time; waiting for a slot counts
+        against the call's deadline (`self.timeout`), so a stuck service cannot stall callers forever."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        sem = self._sem(addr)
+        try:
+            async with asyncio.timeout(self.timeout):
+                await sem.acquire()
+        except TimeoutError:
+            raise status_error(StatusCode.TIMEOUT, f"{addr}: no request slot free for {self.timeout:.0f} s "
+                               f"({self.inflight_per_node} in flight); the service is overloaded or "
+                               "stuck") from None
+        try:
+            return await self.rpc.call(addr, method, req, rsp_type,
+                                       timeout=max(0.001, deadline - loop.time()), **kwargs)
+        finally:
+            sem.release()
+
     async def _retrying(self, what: str, attempt):
         """Run attempt(routing) until it succeeds, refreshing routing after retryable errors."""
         loop = asyncio.get_running_loop()
@@ -97,9 +116,7 @@ class StorageClient:
                                    "`threefs status`")
             req.chain_ver = chain.version
             addr = routing.target_addr(order[0])
-            async with self._sem(addr):
-                rsp, _ = await self.rpc.call(addr, "storage.update", req, ss.UpdateRsp,
-                                             payload=payload, timeout=self.timeout)
+            rsp, _ = await self._call(addr, "storage.update", req, ss.UpdateRsp, payload=payload)
             return rsp
 
         return await self._retrying(f"update of chunk {req.chunk_id.hex()} on chain {req.chain_id}",
@@ -192,7 +209,7 @@ class StorageClient:
                 choice = choice or targets
                 target = choice[next(self._rr) % len(choice)]
                 if it.length < SOLO_IO_BYTES_MIN:
-                    if (small_addr is None or small_n >= BATCH_IOS_MAX
+                    if (small_addr is None or small_n >= REQUEST_IOS_MAX
                             or small_bytes + it.length > BATCH_BYTES_MAX):
                         small_addr, small_n, small_bytes = routing.target_addr(target), 0, 0
                     else:
@@ -209,7 +226,7 @@ class StorageClient:
                 batches.insert(0, [it])
                 continue
             last = batches[-1]
-            if len(last) >= BATCH_IOS_MAX or open_bytes.get(addr, 0) + it.length > BATCH_BYTES_MAX:
+            if len(last) >= REQUEST_IOS_MAX or open_bytes.get(addr, 0) + it.length > BATCH_BYTES_MAX:
                 batches.append(last := [])
                 open_bytes[addr] = 0
             last.append(it)
@@ -231,9 +248,8 @@ class StorageClient:
 
     async def _read_batch(self, addr, req, batch, recv, single) -> None:
         try:
-            async with self._sem(addr):
-                rsp, payload = await self.rpc.call(addr, "storage.batch_read", req, ss.BatchReadRsp,
-                                                   recv_into=recv, timeout=self.timeout)
+            rsp, payload = await self._call(addr, "storage.batch_read", req, ss.BatchReadRsp,
+                                            recv_into=recv)
         except ThreeFSError as e:
             for it in batch:
                 it.error = e

@@ -1,4 +1,4 @@
-"""The service side of heartbeats: the fence that makes a heartbeat a lease, and resync reports.
+"""Storage's side of heartbeats: the fence that makes a heartbeat a lease, and resync reports.
 
 mgmtd fails a node that has been silent for `heartbeat_timeout_s` (T) and lets its chains go on without
 it. So a storage service that has not had a heartbeat accepted for T/2 must stop serving by itself
@@ -19,7 +19,6 @@ from threefs.rpc.schemas import mgmtd as ms
 log = logging.getLogger(__name__)
 
 HEARTBEAT_CALL_TIMEOUT_S_MIN = 0.2
-HEARTBEAT_RETRY_S = 0.25  # after a failed heartbeat, try again this soon (a failover is short)
 
 
 class HeartbeatFence:

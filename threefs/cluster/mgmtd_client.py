@@ -7,56 +7,13 @@ import logging
 
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.client import RpcClient
+from threefs.cluster.routing import Routing
 from threefs.rpc.schemas import mgmtd as s
 
 log = logging.getLogger(__name__)
 
 MGMTD_ADDRS_MAX = 16  # configured addresses plus redirect targets learnt
 MGMTD_ATTEMPTS_MAX = 8  # addresses tried by one call before giving up with UNAVAILABLE
-
-
-class Routing:
-    """Read-only helpers over one RoutingInfo snapshot."""
-
-    def __init__(self, info: s.RoutingInfo):
-        self.info = info
-
-    @property
-    def version(self) -> int:
-        return self.info.version
-
-    def chain(self, chain_id: int) -> s.ChainInfo:
-        chain = self.info.chains.get(chain_id)
-        if chain is None:
-            raise status_error(StatusCode.CHAIN_NOT_FOUND, f"chain {chain_id} is not in routing "
-                               f"v{self.info.version}")
-        return chain
-
-    def table(self, table_id: int) -> s.ChainTable:
-        table = self.info.tables.get(table_id)
-        if table is None:
-            raise status_error(StatusCode.CHAIN_TABLE_NOT_FOUND,
-                               f"chain table {table_id} does not exist (create it with `threefs up` "
-                               "or `threefs admin create-chain-table`)")
-        return table
-
-    def target_addr(self, target_id: int) -> str:
-        target = self.info.targets.get(target_id)
-        if target is None:
-            raise status_error(StatusCode.TARGET_NOT_FOUND, f"target {target_id} is unknown")
-        node = self.info.nodes.get(target.node_id)
-        if node is None:
-            raise status_error(StatusCode.NODE_NOT_FOUND, f"node {target.node_id} of target "
-                               f"{target_id} is unknown")
-        return node.addr
-
-    def nodes_of_type(self, type_: str, alive_only: bool = True) -> list[s.NodeInfo]:
-        return sorted((n for n in self.info.nodes.values()
-                       if n.type == type_ and (n.alive or not alive_only)), key=lambda n: n.node_id)
-
-    def describe_chain(self, chain_id: int) -> str:
-        chain = self.chain(chain_id)
-        return ", ".join(f"target {t.target_id} {t.public_state}" for t in chain.targets)
 
 
 class MgmtdClient:
