@@ -106,7 +106,7 @@ def test_mount_refuses_a_busy_mount_point(spawn, cluster):
 
 def test_up_and_down_mount_and_unmount(cluster, tmp_path, capsys):
     require_fuse()
-    from threefs.cli.files import mount_for_cluster, unmount_for_cluster
+    from threefs.cli.mount_cmd import mount_for_cluster, unmount_for_cluster
 
     mnt = str(tmp_path / "upmnt")
     try:

@@ -11,13 +11,8 @@ import json
 import sys
 from pathlib import PurePosixPath
 
+from threefs.cli import client_for
 from threefs.common.status import StatusCode, status_error
-
-
-def _client(args):
-    from threefs.client.client import Client
-
-    return Client.connect(args.config)
 
 
 def _manager(fs, root: str):
@@ -40,7 +35,7 @@ def _step(args, implied):
 def cmd_ls(args) -> int:
     from threefs.checkpoint.format import human_bytes
 
-    with _client(args) as fs:
+    with client_for(args) as fs:
         m, _ = _manager(fs, args.root)
         rows = []
         for step in m.steps():
@@ -65,7 +60,7 @@ def cmd_ls(args) -> int:
 def cmd_inspect(args) -> int:
     from threefs.checkpoint.format import human_bytes, selector, tree_leaf_names
 
-    with _client(args) as fs:
+    with client_for(args) as fs:
         m, implied = _manager(fs, args.root)
         step = m.resolve_step(_step(args, implied))
         idx = m.index(step)
@@ -94,7 +89,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    with _client(args) as fs:
+    with client_for(args) as fs:
         m, implied = _manager(fs, args.root)
         step = m.resolve_step(_step(args, implied))
         problems = m.verify(step)
@@ -108,7 +103,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_rm(args) -> int:
-    with _client(args) as fs:
+    with client_for(args) as fs:
         m, implied = _manager(fs, args.root)
         steps = list(args.step or ([] if implied is None else [implied]))
         if not steps and not args.partial:

@@ -15,15 +15,12 @@ import json
 import os
 import sys
 
+from threefs.cli import client_for
 from threefs.common.status import StatusCode, status_error
 
 
 def _client(args):
-    if args.local:
-        return None
-    from threefs.client.client import Client
-
-    return Client.connect(args.config)
+    return None if args.local else client_for(args)
 
 
 def _bar(total: int, quiet: bool, unit: str = "B"):

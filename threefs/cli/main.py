@@ -12,15 +12,15 @@ import signal
 import sys
 import time
 
-from threefs.cli.files import (add_file_commands, add_mount_flags, mount_args, mount_for_cluster,
-                               unmount_for_cluster)
+from threefs.cli import client_for
+from threefs.cli.files import add_file_commands
+from threefs.cli.mount_cmd import (
+    add_mount_flags,
+    mount_args,
+    mount_for_cluster,
+    unmount_for_cluster,
+)
 from threefs.common.status import StatusCode, ThreeFSError
-
-
-def _client(args):
-    from threefs.client.client import Client
-
-    return Client.connect(args.config)
 
 
 def cmd_up(args) -> int:
@@ -89,7 +89,7 @@ def cmd_down(args) -> int:
 def cmd_status(args) -> int:
     from threefs.cli.status import render_status, watch_status
 
-    with _client(args) as fs:
+    with client_for(args) as fs:
         if args.watch is not None:
             return watch_status(fs, args.watch, as_json=args.json)
         return render_status(fs, as_json=args.json)

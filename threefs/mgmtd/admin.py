@@ -40,7 +40,7 @@ class MgmtdAdmin:
             raise status_error(StatusCode.INVALID_ARGUMENT,
                                f"replication factor must be in 1..{REPLICAS_MAX}, not {req.replicas}")
         async with self.svc._lock:
-            routing = self.svc._check_primary()
+            routing = self.svc.check_primary()
             table = routing.tables.get(req.table_id)
             if table is not None:
                 return s.CreateChainTableRsp(table, False)
@@ -63,7 +63,7 @@ class MgmtdAdmin:
         """Take a target out of service (maintenance, a failing disk) or put it back (`offline=False`)."""
         require_cluster(ctx.principal, "taking a target offline")
         async with self.svc._lock:
-            routing = self.svc._check_primary()
+            routing = self.svc.check_primary()
             info = routing.targets.get(req.target_id)
             if info is None:
                 raise status_error(StatusCode.TARGET_NOT_FOUND, f"target {req.target_id} does not exist "
@@ -82,7 +82,7 @@ class MgmtdAdmin:
         """Give up on a LASTSRV head that will not return; the next target becomes LASTSRV."""
         require_cluster(ctx.principal, "rotating a LASTSRV")
         async with self.svc._lock:
-            routing = self.svc._check_primary()
+            routing = self.svc.check_primary()
             chain = routing.chains.get(req.chain_id)
             if chain is None:
                 raise status_error(StatusCode.CHAIN_NOT_FOUND, f"chain {req.chain_id} does not exist")
@@ -129,7 +129,7 @@ class MgmtdAdmin:
 
     @rpc(Empty)
     async def user_list(self, ctx: CallContext, req: Empty) -> s.UserListRsp:
-        self.svc._check_primary()
+        self.svc.check_primary()
         _, users = await self.svc.store.users()
         return s.UserListRsp(sorted(users, key=lambda u: u.name))
 
@@ -137,7 +137,7 @@ class MgmtdAdmin:
     async def list_tokens(self, ctx: CallContext, req: s.ListTokensReq) -> s.ListTokensRsp:
         """The valid token hashes, for storage and meta to authenticate users (services only)."""
         require_cluster(ctx.principal, "listing token hashes")
-        self.svc._check_primary()
+        self.svc.check_primary()
         version, users = await self.svc.store.users()
         if version == req.known_version:
             return s.ListTokensRsp(version, None)

@@ -116,7 +116,7 @@ class MgmtdService:
                     self.config.heartbeat_timeout_s)
 
     def _step_down(self, why: str) -> None:
-        self.role = STANDBY  # `routing` stays for handlers still running; `_check_primary` refuses new ones
+        self.role = STANDBY  # `routing` stays for handlers still running; `check_primary` refuses new ones
         log.warning("mgmtd %d is no longer primary: %s", self.config.node_id, why)
 
     def _lease_valid(self) -> bool:
@@ -130,7 +130,7 @@ class MgmtdService:
             return ""
         return lease.primary_addr
 
-    def _check_primary(self) -> s.RoutingInfo:
+    def check_primary(self) -> s.RoutingInfo:
         if self.role == PRIMARY and self._lease_valid() and self.routing is not None:
             return self.routing
         raise status_error(StatusCode.NOT_PRIMARY, s.not_primary_message(self.config.addr, self.primary_addr()))
@@ -155,7 +155,7 @@ class MgmtdService:
     # -- mutations -----------------------------------------------------------------------------------
     async def commit(self, objects: list, users: list[s.UserInfo] | None = None) -> None:
         """Persist changed objects under a new routing version (lease re-checked), then publish them."""
-        routing = self._check_primary()
+        routing = self.check_primary()
         version = routing.version + 1
         await self.store.save(objects, version, self._guard, users)
         for obj in objects:
@@ -184,7 +184,7 @@ class MgmtdService:
         if req.type not in (s.MGMTD, s.META, s.STORAGE):
             raise status_error(StatusCode.INVALID_ARGUMENT, f"unknown node type {req.type!r}")
         async with self._lock:
-            routing = self._check_primary()
+            routing = self.check_primary()
             node = s.NodeInfo(req.node_id, req.type, req.addr, req.hostname,
                               req.failure_domain or f"{req.hostname}/{req.node_id}", True, time.time_ns())
             changed = [node] if routing.nodes.get(req.node_id) != node else []
@@ -204,7 +204,7 @@ class MgmtdService:
     @rpc(s.HeartbeatReq)
     async def heartbeat(self, ctx: CallContext, req: s.HeartbeatReq) -> s.HeartbeatRsp:
         require_cluster(ctx.principal, "heartbeats")
-        routing = self._check_primary()
+        routing = self.check_primary()
         node = routing.nodes.get(req.node_id)
         if node is None:
             raise status_error(StatusCode.NODE_NOT_FOUND, f"node {req.node_id} is not registered")
@@ -241,7 +241,7 @@ class MgmtdService:
 
     @rpc(s.GetRoutingReq)
     async def get_routing(self, ctx: CallContext, req: s.GetRoutingReq) -> s.GetRoutingRsp:
-        routing = self._check_primary()
+        routing = self.check_primary()
         if req.known_version == routing.version:
             return s.GetRoutingRsp(None)
         routing.bootstrapping = self.bootstrapping
@@ -250,7 +250,7 @@ class MgmtdService:
     @rpc(s.SyncDoneReq)
     async def sync_done(self, ctx: CallContext, req: s.SyncDoneReq) -> s.OkRsp:
         require_cluster(ctx.principal, "sync_done")
-        routing = self._check_primary()
+        routing = self.check_primary()
         if req.target_id not in routing.targets:
             raise status_error(StatusCode.TARGET_NOT_FOUND, f"unknown target {req.target_id}")
         chain = routing.chains.get(req.chain_id)
@@ -266,7 +266,7 @@ class MgmtdService:
 
     @rpc(Empty)
     async def status(self, ctx: CallContext, req: Empty) -> s.MgmtdStatusRsp:
-        routing = self._check_primary()
+        routing = self.check_primary()
         routing.bootstrapping = self.bootstrapping
         now = self.clock()
         ages = {nid: round(now - t, 3) for nid, t in self.last_heartbeat.items()}

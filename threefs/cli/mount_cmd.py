@@ -1,0 +1,116 @@
+"""`threefs mount` / `umount`, and the mount that `threefs up` makes and `down` removes."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from threefs.common.status import StatusCode, status_error
+
+
+def mount_options(args):
+    from threefs.client.fuse import MountOptions
+
+    return MountOptions(attr_timeout_s=args.attr_timeout, direct_io=args.direct_io,
+                        writeback_cache=not args.no_writeback, read_ahead_kb=args.read_ahead_kb,
+                        read_ahead_bytes=args.prefetch_mb << 20, allow_other=args.allow_other)
+
+
+def mount_args(args) -> list[str]:
+    """The options of this `mount` invocation, for the --foreground daemon it spawns."""
+    out = ["--attr-timeout", str(args.attr_timeout), "--read-ahead-kb", str(args.read_ahead_kb),
+           "--prefetch-mb", str(args.prefetch_mb)]
+    out += ["--direct-io"] * args.direct_io + ["--no-writeback"] * args.no_writeback
+    return out + ["--allow-other"] * args.allow_other
+
+
+def cmd_mount(args) -> int:
+    from threefs.client import fuse_mount
+    from threefs.common.config import ClientConfig, find_client_config, load_toml
+
+    config_path = find_client_config(args.config)
+    if args.foreground:
+        import logging
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return fuse_mount.run_foreground(load_toml(config_path, ClientConfig), args.mountpoint,
+                                         mount_options(args))
+    proc = fuse_mount.spawn(str(config_path), args.mountpoint, mount_args(args), args.log)
+    print(f"threefs mounted at {os.path.abspath(args.mountpoint)} (daemon pid {proc.pid}); "
+          f"`threefs umount {args.mountpoint}` unmounts it")
+    return 0
+
+
+def cmd_umount(args) -> int:
+    from threefs.client import fuse_mount
+
+    if not fuse_mount.unmount(args.mountpoint):
+        raise status_error(StatusCode.NOT_FOUND, f"nothing is mounted at {os.path.abspath(args.mountpoint)}")
+    print(f"unmounted {os.path.abspath(args.mountpoint)}")
+    return 0
+
+
+def add_mount_flags(p) -> None:
+    p.add_argument("--direct-io", action="store_true", help="bypass the kernel page cache")
+    p.add_argument("--no-writeback", action="store_true", help="no kernel write-back cache")
+    p.add_argument("--read-ahead-kb", type=int, default=4096, help="kernel read-ahead (default 4096)")
+    p.add_argument("--prefetch-mb", type=int, default=16,
+                   help="daemon read-ahead per sequentially read file (default 16, 0 = off)")
+    p.add_argument("--attr-timeout", type=float, default=1.0, help="attribute cache seconds (default 1)")
+    p.add_argument("--allow-other", action="store_true", help="let other users use the mount")
+
+
+def _mount_record(cluster) -> Path:
+    return cluster.dir / "run" / "fuse-mount.json"
+
+
+def mount_for_cluster(cluster, mountpoint: str, extra_args: list[str]) -> str:
+    """`threefs up`: mount the cluster at mountpoint if FUSE is usable; returns what to tell the user."""
+    from threefs.client import fuse_mount
+
+    reason = fuse_mount.fuse_unavailable_reason()
+    if reason:
+        return (f"FUSE mount skipped: {reason}. Use the `threefs` CLI or the Python client "
+                "(threefs.connect()) meanwhile.")
+    mnt = os.path.abspath(mountpoint)
+    if fuse_mount.is_threefs_mount(mnt):
+        try:
+            os.stat(mnt)
+            return f"FUSE: already mounted at {mnt}"
+        except OSError:
+            pass  # a dead daemon's mount: spawn() cleans it up
+    log_path = str(cluster.dir / "log" / "fuse.log")
+    proc = fuse_mount.spawn(str(cluster.client_config_path), mnt, extra_args, log_path)
+    _mount_record(cluster).write_text(json.dumps({"mountpoint": mnt, "pid": proc.pid}))
+    return f"FUSE: mounted at {mnt} (daemon pid {proc.pid}, log {log_path})"
+
+
+def unmount_for_cluster(cluster) -> str | None:
+    """`threefs down`: unmount what `up` mounted; returns the mount point, or None."""
+    from threefs.client import fuse_mount
+
+    record = _mount_record(cluster)
+    if not record.exists():
+        return None
+    info = json.loads(record.read_text())
+    mnt = info["mountpoint"]
+    done = fuse_mount.unmount(mnt) if fuse_mount.is_threefs_mount(mnt) else False
+    _wait_exit(info.get("pid"), fuse_mount.UNMOUNT_TIMEOUT_S)
+    record.unlink()
+    return mnt if done else None
+
+
+def _wait_exit(pid: int | None, timeout_s: float) -> None:
+    """The daemon exits by itself once unmounted; reap it if it is our child."""
+    if not pid:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:  # not our child: poll for its exit
+            if not os.path.exists(f"/proc/{pid}"):
+                return
+        time.sleep(0.05)
