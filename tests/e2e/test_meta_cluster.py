@@ -56,7 +56,7 @@ def test_posix_operations_over_rpc(fs, d):
 
 
 def test_inode_operations_for_fuse(fs, d):
-    aio, run = fs.aio, fs._run
+    aio, run = fs.aio, fs.run
     parent = fs.stat(d).inode
     rsp = run(aio.create_at(parent, "f", os.O_WRONLY, 0o600))
     assert rsp.session and rsp.attr.mode == 0o600
@@ -82,7 +82,7 @@ def test_inode_operations_for_fuse(fs, d):
 
 
 def test_the_cluster_token_acts_as_any_user(fs, d):
-    aio, run = fs.aio, fs._run
+    aio, run = fs.aio, fs.run
     fs.mkdir(f"{d}/closed", 0o700)
     parent = fs.stat(d).inode
     with pytest.raises(PermissionError):

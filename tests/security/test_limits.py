@@ -93,7 +93,7 @@ def test_batch_stat_size_is_capped(sec):
     """meta refuses a bigger batch than BATCH_STAT_MAX; the client splits a long list into such batches."""
     n = limits.BATCH_STAT_MAX + 1
     req = m.BatchStatReq([m.PathAt(m.NO_PARENT, "/")] * n, True, None)
-    e = oserror(sec.root._run, sec.root.aio.meta_call("batch_stat", req, m.BatchStatRsp))
+    e = oserror(sec.root.run, sec.root.aio.meta_call("batch_stat", req, m.BatchStatRsp))
     assert str(limits.BATCH_STAT_MAX) in str(e)
     attrs = sec.root.batch_stat(["/"] * (2 * n))
     assert len(attrs) == 2 * n and all(a.type == m.DIRECTORY for a in attrs)
