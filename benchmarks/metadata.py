@@ -60,8 +60,8 @@ class ThreefsClient:
         self.fs.mkdir(self.dir, parents=True, exist_ok=True)
 
     def create(self, i: int) -> None:
-        rsp = self.fs._run(self.fs.aio.open(f"{self.dir}/f{i}", WRITE_NEW))
-        self.fs._run(self.fs.aio.close_file(rsp.attr.inode, rsp.session, -1))
+        rsp = self.fs.run(self.fs.aio.open(f"{self.dir}/f{i}", WRITE_NEW))
+        self.fs.run(self.fs.aio.close_file(rsp.attr.inode, rsp.session, -1))
 
     def stat(self, i: int) -> None:
         self.fs.stat(f"{self.dir}/f{i}")
