@@ -55,6 +55,7 @@ class StorageClient:
         self._request_ids = itertools.count(1)
         self._rr = itertools.count()
         self.pool = BufferPool()  # scatter buffers of multi-IO reads
+        self.damaged_reads = 0  # IOs whose bytes failed their checksum on arrival (then read elsewhere)
 
     def _sem(self, addr: str) -> asyncio.Semaphore:
         sem = self._sems.get(addr)
@@ -259,8 +260,18 @@ class StorageClient:
             if res.status:
                 it.error = status_error(res.status, f"{addr}: {res.message}")
                 continue
+            got = it.dest[:res.length] if single else payload[pos:pos + res.length]
+            if res.length and crc32c.crc32c(got) != res.data_crc:
+                # damaged between the server's disk read and here (network, memory): another replica
+                self.damaged_reads += 1
+                it.error = status_error(StatusCode.CHECKSUM_MISMATCH,
+                                        f"{addr}: {res.length} bytes of chunk {it.chunk_id.hex()} from target "
+                                        f"{it.target} arrived damaged (crc32c {crc32c.crc32c(got):08x}, "
+                                        f"sent {res.data_crc:08x}); reading another replica")
+                pos = align_up(pos + res.length)
+                continue
             if not single:
-                it.dest[:res.length] = payload[pos:pos + res.length]
+                it.dest[:res.length] = got
             if res.length < it.length:
                 it.dest[res.length:] = bytes(it.length - res.length)
             pos = align_up(pos + res.length)

@@ -327,11 +327,12 @@ class StorageService:
             if e.code == StatusCode.CHUNK_NOT_FOUND:  # removed meanwhile: a hole
                 return ss.ReadResult(0, 0)
             return ss.ReadResult(int(e.code), 0, e.message)
-        if verify and crc32c.crc32c(data) != meta.crc:  # a whole chunk is cheap to check (~20 GB/s)
+        data_crc = crc32c.crc32c(data)  # ~20 GB/s: cheap beside the rest of a read
+        if verify and data_crc != meta.crc:  # a whole chunk: checked against its write-time checksum
             return ss.ReadResult(int(StatusCode.CHECKSUM_MISMATCH), 0,
                                  f"chunk {io.chunk_id.hex()} on target {io.target_id} fails its checksum; "
                                  "read another replica (repair started)")
-        return ss.ReadResult(0, len(data), "", meta.commit_ver, meta.crc)
+        return ss.ReadResult(0, len(data), "", meta.commit_ver, meta.crc, data_crc)
 
     # -- range operations (GC, truncate) ---------------------------------------------------------
     @rpc(ss.RemoveRangeReq)

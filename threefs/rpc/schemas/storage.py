@@ -57,6 +57,10 @@ class ReadResult(msgspec.Struct, array_like=True):
     message: str = ""
     commit_ver: int = 0
     chunk_crc: int = 0
+    # crc32c of the bytes of this IO in the payload, which the client checks on arrival. For a read of a
+    # whole chunk it is the checksum the chunk was written with (checked at the server too): end to end,
+    # disk to the caller's buffer. For a partial read it is computed from the bytes read off the disk.
+    data_crc: int = 0
 
 
 class BatchReadRsp(msgspec.Struct):
