@@ -87,9 +87,17 @@ def cmd_down(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from threefs.cli.status import render_status, watch_status
+    from threefs.cli.status import no_primary_report, render_status, watch_status
+    from threefs.common.config import ClientConfig, find_client_config, load_toml
 
-    with client_for(args) as fs:
+    try:
+        fs = client_for(args)
+    except ThreeFSError as e:
+        if e.code != StatusCode.UNAVAILABLE:
+            raise
+        config = load_toml(find_client_config(args.config), ClientConfig)
+        raise ThreeFSError(StatusCode.UNAVAILABLE, no_primary_report(config, e)) from None
+    with fs:
         if args.watch is not None:
             return watch_status(fs, args.watch, as_json=args.json)
         return render_status(fs, as_json=args.json)

@@ -15,7 +15,7 @@ import time
 
 import msgspec
 
-from threefs.common.status import ThreeFSError
+from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas.common import Empty
 
@@ -42,10 +42,27 @@ def _percent(p: ms.SyncProgress) -> str:
     return f"{p.chunks_done} of {p.chunks_total} chunks ({100 * p.chunks_done // p.chunks_total}%)"
 
 
-def problems(st: ms.MgmtdStatusRsp, unreachable: list[str] = ()) -> list[str]:
+def problems(st: ms.MgmtdStatusRsp, unreachable: list[str] = (), mgmtds: list[ms.PrimaryRsp] = ()) -> list[str]:
     """What is wrong, each as one sentence an operator can act on."""
     r = st.routing
     out = [f"mgmtd at {addr} does not answer ({why})" for addr, why in unreachable]
+    if st.kv_error:
+        out.append(f"mgmtd {st.primary.node_id} cannot write its KV: {st.kv_error}; it loses the primary "
+                   "lease when that lasts past the lease time. Check the KV's disk (full? read-only?) or "
+                   "the etcd cluster")
+    for m in mgmtds:
+        if m.kv_error and m.node_id != st.primary.node_id:
+            out.append(f"mgmtd {m.node_id} at {m.addr} cannot write its KV: {m.kv_error}")
+    for node_id, problems in sorted(st.node_problems.items()):
+        node = r.nodes.get(node_id)
+        who = f"{node.type} node {node_id} at {node.addr}" if node else f"node {node_id}"
+        out.extend(f"{who}: {p}" for p in problems)
+    for node_id, n in sorted(st.failures.items()):
+        node = r.nodes.get(node_id)
+        if n >= ms.FLAPPING_FAILURES and node is not None:
+            out.append(f"{node.type} node {node_id} at {node.addr} keeps flapping: marked failed {n} times in "
+                       f"the last {st.flap_window_s / 60:.0f} min; look at its host (CPU, memory, network) and "
+                       f"its log")
     for node in sorted(r.nodes.values(), key=lambda n: n.node_id):
         if not node.alive:
             n_targets = sum(t.node_id == node.node_id for t in r.targets.values())
@@ -101,6 +118,33 @@ def recovering(st: ms.MgmtdStatusRsp) -> list[str]:
     return out
 
 
+async def _no_primary(rpc, addrs: list[str], error: ThreeFSError) -> str:
+    """What each configured mgmtd says when none answers as primary (a KV it cannot write, ...)."""
+    addrs = sorted(set(addrs))
+    probes = await asyncio.gather(*(_probe(rpc, a) for a in addrs))
+    said = [f"mgmtd {p.node_id} at {p.addr}: "
+            + (f"cannot write its KV: {p.kv_error}" if p.kv_error else
+               "primary" if p.is_primary else f"standby (primary {p.primary_id or 'none'})")
+            if isinstance(p, ms.PrimaryRsp) else f"{a} does not answer ({p})" for a, p in zip(addrs, probes)]
+    if not any(isinstance(p, ms.PrimaryRsp) for p in probes):
+        return f"no mgmtd answers ({error.message})"
+    return "no primary mgmtd: " + "; ".join(said)
+
+
+def no_primary_report(config, error: ThreeFSError) -> str:
+    """`_no_primary` for a client that could not even start (it needs a primary to fetch routing)."""
+    from threefs.rpc.client import RpcClient
+
+    async def run() -> str:
+        rpc = RpcClient(config.token, client_id="threefs-status")
+        try:
+            return await _no_primary(rpc, config.mgmtd, error)
+        finally:
+            await rpc.close()
+
+    return asyncio.run(run())
+
+
 async def _probe(rpc, addr: str) -> ms.PrimaryRsp | str:
     try:
         rsp, _ = await rpc.call(addr, "mgmtd.get_primary", Empty(), ms.PrimaryRsp,
@@ -111,8 +155,12 @@ async def _probe(rpc, addr: str) -> ms.PrimaryRsp | str:
 
 
 async def gather(aio) -> tuple[ms.MgmtdStatusRsp, list[ms.PrimaryRsp], list[tuple[str, str]]]:
-    """(primary's status, each answering mgmtd's identity, [(address, why)] of those that did not)."""
-    st = await aio.mgmtd.call("status", Empty(), ms.MgmtdStatusRsp)
+    """(primary's status, each answering mgmtd's identity, [(address, why)] of those that did not).
+    With no primary, raises UNAVAILABLE saying what each mgmtd answered (a KV it cannot write, ...)."""
+    try:
+        st = await aio.mgmtd.call("status", Empty(), ms.MgmtdStatusRsp)
+    except ThreeFSError as e:
+        raise status_error(StatusCode.UNAVAILABLE, await _no_primary(aio.rpc, aio.config.mgmtd, e)) from None
     addrs = sorted(set(aio.config.mgmtd) | {m.addr for m in st.members})
     probes = await asyncio.gather(*(_probe(aio.rpc, a) for a in addrs))
     ok = [p for p in probes if isinstance(p, ms.PrimaryRsp)]
@@ -124,7 +172,7 @@ def as_dict(st, mgmtds, unreachable) -> dict:
     return {"routing": msgspec.to_builtins(st.routing), "primary": msgspec.to_builtins(st.primary),
             "mgmtd": msgspec.to_builtins(mgmtds), "unreachable_mgmtd": [a for a, _ in unreachable],
             "heartbeat_age_s": st.heartbeat_age_s, "syncs": msgspec.to_builtins(st.syncs),
-            "problems": problems(st, unreachable), "recovering": recovering(st)}
+            "problems": problems(st, unreachable, mgmtds), "recovering": recovering(st)}
 
 
 def render_text(st: ms.MgmtdStatusRsp, mgmtds: list[ms.PrimaryRsp], unreachable) -> str:
@@ -153,11 +201,11 @@ def render_text(st: ms.MgmtdStatusRsp, mgmtds: list[ms.PrimaryRsp], unreachable)
         lines.append(f"  chain {c.chain_id:>4} v{c.version:<5} {members}")
     for t in sorted(r.tables.values(), key=lambda t: t.table_id):
         lines.append(f"TABLE {t.table_id} v{t.version}: {len(t.chains)} chains x {t.replicas} replicas")
-    for title, items in (("RECOVERING", recovering(st)), ("PROBLEMS", problems(st, unreachable))):
+    for title, items in (("RECOVERING", recovering(st)), ("PROBLEMS", problems(st, unreachable, mgmtds))):
         if items:
             lines.append(title)
             lines.extend(f"  - {item}" for item in items)
-    if not problems(st, unreachable) and not recovering(st):
+    if not problems(st, unreachable, mgmtds) and not recovering(st):
         lines.append("OK: every node alive, every chain fully SERVING")
     return "\n".join(lines)
 

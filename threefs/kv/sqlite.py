@@ -285,12 +285,19 @@ class _Checkpointer:
         conn = sqlite3.connect(self._path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         try:
             conn.execute(f"PRAGMA synchronous = {self._sync.upper()}")
+            failing_since = None  # a failing checkpoint is logged once a minute, not ten times a second
             while not self._stop.wait(CHECKPOINT_INTERVAL_S):  # runs until stop()
                 try:
                     # PASSIVE: copies what no reader still needs and never waits for or blocks a writer.
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    if failing_since is not None:
+                        log.warning("SQLite KV %s: checkpoints work again", self._path)
+                        failing_since = None
                 except sqlite3.Error as exc:  # transient (e.g. busy); the autocheckpoint is the fallback
-                    log.warning("SQLite KV %s: checkpoint failed: %s", self._path, exc)
+                    now = time.monotonic()
+                    if failing_since is None or now - failing_since >= 60:
+                        log.warning("SQLite KV %s: checkpoint failed: %s", self._path, exc)
+                        failing_since = now
         finally:
             conn.close()
 

@@ -94,7 +94,8 @@ class MetaService:
 
     async def heartbeat_once(self) -> None:
         self.hb_version += 1
-        rsp = await self.mgmtd.call("heartbeat", ms.HeartbeatReq(self.config.node_id, self.hb_version),
+        rsp = await self.mgmtd.call("heartbeat", ms.HeartbeatReq(self.config.node_id, self.hb_version,
+                                                                 problems=self.store.problems.current()),
                                     ms.HeartbeatRsp)
         if self.mgmtd.routing is None or rsp.routing_version != self.mgmtd.routing.version:
             await self.mgmtd.refresh()

@@ -32,6 +32,7 @@ from typing import NamedTuple, TypeVar
 import msgspec
 
 from threefs.common import limits
+from threefs.common.health import Problems
 from threefs.common.ids import FIRST_USER_INODE, INODE_MAX
 from threefs.common.layout import Layout
 from threefs.common.status import StatusCode, ThreeFSError, status_error
@@ -146,6 +147,7 @@ class MetaStore:
         """`table_info(table id)` -> (chain table id, table version, number of chains), from mgmtd's routing.
         `default_stripe` None means min(number of chains, 16). `random_bytes` makes session ids."""
         self._kv = kv
+        self.problems = Problems()  # reported in the service's heartbeats (`threefs status`)
         self._table_info = table_info
         self._clock_ns = clock_ns
         self._default_chunk_size = default_chunk_size
@@ -160,9 +162,16 @@ class MetaStore:
         """kv.run, plus refilling an id block that an attempt found empty (then the operation runs again)."""
         for _ in range(REFILL_ROUNDS_MAX):
             try:
-                return await self._kv.run(fn)
+                result = await self._kv.run(fn)
             except _BlockEmpty as empty:
                 await empty.pool.refill(empty.key)
+                continue
+            except ThreeFSError as e:
+                if e.code == StatusCode.KV_ERROR:  # the KV itself fails (disk full, read-only, down)
+                    self.problems.record("kv", f"its KV fails: {e.message}")
+                raise
+            self.problems.clear("kv")
+            return result
         raise status_error(StatusCode.INTERNAL, f"id blocks ran out {REFILL_ROUNDS_MAX} times in one call")
 
     async def _mutate(self, caller: Caller, result_type: type,

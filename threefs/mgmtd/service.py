@@ -10,11 +10,13 @@ new routing version and, for one heartbeat timeout (bootstrapping), judges nobod
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import logging
 import time
 
 from threefs.common.config import ServiceConfig
+from threefs.common.health import PROBLEM_CHARS_MAX, PROBLEMS_MAX
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.kv import Transaction
 from threefs.mgmtd.chain_state import next_chain, sync_done_refusal
@@ -28,6 +30,8 @@ log = logging.getLogger(__name__)
 
 PRIMARY, STANDBY = "primary", "standby"
 SYNC_REPORT_TTL_HEARTBEATS = 3  # a resync not reported for this many heartbeat intervals is over
+FLAP_WINDOW_S = 600.0  # `threefs status` counts a node's failures over this window
+FAILURES_KEPT = 64  # failure times remembered per node
 
 
 class MgmtdService:
@@ -44,6 +48,9 @@ class MgmtdService:
         self.local_states: dict[int, str] = {}  # target id -> local state from heartbeats
         self.synced: set[int] = set()  # targets whose resync finished, until they are SERVING
         self.syncs: dict[int, tuple[float, list[s.SyncProgress]]] = {}  # node id -> (clock, its resyncs)
+        self.node_problems: dict[int, list[str]] = {}  # node id -> what its last heartbeat reported
+        self.failures: dict[int, collections.deque] = {}  # node id -> clock() of each time it failed
+        self.kv_error: tuple[float, str] | None = None  # (since, error) while lease renewals fail
         self.primary_since = clock()
         self.primary_since_ns = 0
         self.auth = auth if auth is not None else TokenAuthenticator("")
@@ -81,7 +88,10 @@ class MgmtdService:
             await asyncio.sleep(self.config.mgmtd_lease_renew_s)
             try:
                 await self.lease_pass()
+                self.kv_error = None
             except Exception as e:  # a KV outage, or a bug: keep trying; never keep a lapsed lease
+                if isinstance(e, ThreeFSError) and e.code == StatusCode.KV_ERROR:
+                    self.kv_error = (self.kv_error or (self.clock(), ""))[0], e.message
                 if isinstance(e, ThreeFSError):
                     log.warning("lease pass failed: %s", e)
                 else:
@@ -176,7 +186,12 @@ class MgmtdService:
         primary = self.role == PRIMARY and self._lease_valid()
         return s.PrimaryRsp(self.config.node_id, self.config.addr, primary,
                             lease.primary_id if lease else 0, self.primary_addr(),
-                            lease.lease_end_ns if lease else 0)
+                            lease.lease_end_ns if lease else 0, self._kv_error_text())
+
+    def _kv_error_text(self) -> str:
+        if self.kv_error is None:
+            return ""
+        return f"{self.kv_error[1]} (for {self.clock() - self.kv_error[0]:.0f} s)"
 
     @rpc(s.RegisterReq)
     async def register(self, ctx: CallContext, req: s.RegisterReq) -> s.RegisterRsp:
@@ -227,6 +242,11 @@ class MgmtdService:
         return s.HeartbeatRsp(routing.version)
 
     def _record_targets(self, req: s.HeartbeatReq) -> None:
+        problems = [p[:PROBLEM_CHARS_MAX] for p in req.problems[:PROBLEMS_MAX]]
+        if problems:
+            self.node_problems[req.node_id] = problems
+        else:
+            self.node_problems.pop(req.node_id, None)
         for t in req.targets:
             info = self.routing.targets.get(t.target_id)
             if info is None or info.node_id != req.node_id:
@@ -270,8 +290,12 @@ class MgmtdService:
         routing.bootstrapping = self.bootstrapping
         now = self.clock()
         ages = {nid: round(now - t, 3) for nid, t in self.last_heartbeat.items()}
+        failures = {nid: n for nid, times in self.failures.items()
+                    if (n := sum(now - t <= FLAP_WINDOW_S for t in times))}
+        kv_error = self._kv_error_text()
         return s.MgmtdStatusRsp(routing, await self.get_primary(ctx, req), await self.store.members(), ages,
-                                self.current_syncs(), self.primary_since_ns, self.config.heartbeat_timeout_s)
+                                self.current_syncs(), self.primary_since_ns, self.config.heartbeat_timeout_s,
+                                dict(self.node_problems), failures, kv_error, FLAP_WINDOW_S)
 
     def current_syncs(self) -> list[s.SyncProgress]:
         ttl = SYNC_REPORT_TTL_HEARTBEATS * self.config.heartbeat_interval_s
@@ -301,6 +325,9 @@ class MgmtdService:
                         t.local_state = s.LOCAL_OFFLINE
                 log.warning("node %d (%s) missed heartbeats for %.1f s: marked failed", node.node_id,
                             node.addr, self.config.heartbeat_timeout_s)
+                times = self.failures.setdefault(node.node_id, collections.deque(maxlen=FAILURES_KEPT))
+                times.append(self.clock())
+                self.node_problems.pop(node.node_id, None)
             await self.commit(failed)
 
     def _local_view(self, chain: s.ChainInfo) -> dict[int, str]:

@@ -19,6 +19,7 @@ from threefs.cluster.mgmtd_client import MgmtdClient
 from threefs.cluster.routing import Routing
 from threefs.common.buffers import align_up
 from threefs.common.config import ServiceConfig
+from threefs.common.health import Problems
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.cluster.heartbeat import heartbeat_loop
 from threefs.storage.fence import HeartbeatFence, sync_reports
@@ -73,6 +74,7 @@ class StorageService:
         self._dedup = craq.ExactlyOnce()
         self.flows: dict[int, craq.FlowTracker] = {}  # per target: update flows by chain version
         self.hb_version = 0
+        self.problems = Problems()  # reported in heartbeats (`threefs status`)
         self.fence = HeartbeatFence(config.node_id, config.heartbeat_timeout_s, config.heartbeat_interval_s)
         self.resync = None  # set by the runner (storage.resync.Resyncer)
         self.scrubber = None  # set by the runner (storage.scrub.Scrubber)
@@ -92,7 +94,14 @@ class StorageService:
         self.io_pool.shutdown(wait=True)
 
     async def _disk(self, fn, *args, **kwargs):
-        return await asyncio.get_running_loop().run_in_executor(self.io_pool, lambda: fn(*args, **kwargs))
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self.io_pool, lambda: fn(*args, **kwargs))
+        except ThreeFSError as e:
+            if e.code in (StatusCode.NO_SPACE, StatusCode.IO_ERROR):  # the disk, not the request
+                self.problems.record("disk", f"disk operations fail: {e.message}")
+            raise
+        self.problems.clear("disk")
+        return result
 
     # -- membership ------------------------------------------------------------------------------
     def local_state(self, routing: Routing | None, target_id: int) -> str:
@@ -125,7 +134,8 @@ class StorageService:
         syncs = sync_reports(self.resync, routing, self.engines)
         sent, was_fenced = self.fence.now(), self.fence.fenced
         rsp = await self.mgmtd.call("heartbeat", ms.HeartbeatReq(self.config.node_id, self.hb_version,
-                                                                 targets, syncs), ms.HeartbeatRsp,
+                                                                 targets, syncs, self.problems.current()),
+                                    ms.HeartbeatRsp,
                                     timeout=self.fence.call_timeout_s)
         if was_fenced or routing is None or rsp.routing_version != routing.version:
             # unfence only with current routing: the view we were cut off with may name us wrongly

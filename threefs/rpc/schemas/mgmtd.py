@@ -126,6 +126,7 @@ class HeartbeatReq(msgspec.Struct):
     hb_version: int  # monotonic per registration; an older one is a stale duplicate
     targets: list[LocalTarget] = []
     syncs: list[SyncProgress] = []
+    problems: list[str] = []  # what the node knows is wrong with itself (common/health.py), bounded
 
 
 class HeartbeatRsp(msgspec.Struct):
@@ -188,6 +189,7 @@ class PrimaryRsp(msgspec.Struct):
     primary_id: int
     primary_addr: str
     lease_end_ns: int
+    kv_error: str = ""  # this mgmtd cannot write its KV (its lease renewals fail), with the error
 
 
 # -- admin -----------------------------------------------------------------------------------------------
@@ -248,6 +250,9 @@ class ListTokensRsp(msgspec.Struct):
 
 
 # -- status ----------------------------------------------------------------------------------------------
+FLAPPING_FAILURES = 3  # failures in the status window that make `threefs status` call a node flapping
+
+
 class MgmtdStatusRsp(msgspec.Struct):
     routing: RoutingInfo
     primary: PrimaryRsp
@@ -256,3 +261,7 @@ class MgmtdStatusRsp(msgspec.Struct):
     syncs: list[SyncProgress]
     primary_since_ns: int
     heartbeat_timeout_s: float
+    node_problems: dict[int, list[str]] = {}  # node id -> what it reported wrong in its last heartbeat
+    failures: dict[int, int] = {}  # node id -> times it was marked failed in the last FLAP_WINDOW_S
+    kv_error: str = ""  # this mgmtd cannot write its KV (lease renewals failing), with the error
+    flap_window_s: float = 600.0
