@@ -132,7 +132,7 @@ async def serve(config: ServiceConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     background, cleanup = await _build(config, token, server, metrics)
     log.info("%s (node %d) serving on %s", config.name, config.node_id, config.addr)
-    died = await _supervise(config.name, background, stop)
+    died = await _supervise(config.name, [*background, metrics.watch_event_loop()], stop)
     await server.stop()
     for fn in cleanup:
         result = fn()

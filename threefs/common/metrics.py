@@ -13,6 +13,8 @@ and threefs_service_info{service,node_id} naming the process.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
@@ -24,6 +26,8 @@ from threefs.common.status import StatusCode
 
 log = logging.getLogger(__name__)
 
+LOOP_LAG_INTERVAL_S = 0.1
+LOOP_LAG_WINDOW_S = 60.0
 LATENCY_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 METHODS_MAX = 256  # distinct method labels; callers can name any method, so bound the label set
 
@@ -75,6 +79,12 @@ class ServiceMetrics:
         self.sources: list[GaugeSource] = [
             lambda: [Sample("threefs_service_info", "this process", {"service": service,
                                                                     "node_id": str(node_id)}, 1)]]
+        self.loop_lag_recent_s = self.loop_lag_max_s = 0.0
+        self.sources.append(lambda: [
+            Sample("threefs_event_loop_lag_seconds", "largest event-loop stall of the last minute", {},
+                   self.loop_lag_recent_s),
+            Sample("threefs_event_loop_lag_seconds_max", "largest event-loop stall since start", {},
+                   self.loop_lag_max_s)])
         self.registry.register(_Gauges(self.sources))
         self.port = 0
 
@@ -99,6 +109,23 @@ class ServiceMetrics:
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
+
+    async def watch_event_loop(self, interval_s: float = LOOP_LAG_INTERVAL_S) -> None:
+        """Runs for the process's lifetime: how late the event loop wakes a sleeper is how long
+        something blocked it (a disk write throttled by writeback, a lock, a long computation).
+        Exported as the largest lag of the last LOOP_LAG_WINDOW_S and since start."""
+        loop = asyncio.get_running_loop()
+        window: collections.deque = collections.deque()
+        while True:
+            t0 = loop.time()
+            await asyncio.sleep(interval_s)
+            lag = loop.time() - t0 - interval_s
+            now = loop.time()
+            window.append((now, lag))
+            while window and window[0][0] < now - LOOP_LAG_WINDOW_S:
+                window.popleft()
+            self.loop_lag_recent_s = max(v for _, v in window)
+            self.loop_lag_max_s = max(self.loop_lag_max_s, lag)
 
     def add_gauges(self, source: GaugeSource) -> None:
         self.sources.append(source)
