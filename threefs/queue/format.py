@@ -29,6 +29,8 @@ from threefs.common.status import StatusCode, status_error
 MAGIC = b"TFQ1"
 BATCH_HEADER = struct.Struct("<4sIIIQQ")
 RECORD_HEADER = struct.Struct("<IiIQI")
+_RECORD_REST = struct.Struct("<iIQI")  # the record header after its CRC
+_CRC = struct.Struct("<I")
 BATCH_HEADER_BYTES = BATCH_HEADER.size  # 32
 RECORD_HEADER_BYTES = RECORD_HEADER.size  # 24
 RECORD_BYTES_MAX = 64 << 20  # one record's key + value + headers
@@ -94,18 +96,20 @@ class BatchBuilder:
         return len(self.buf)
 
     def append(self, value: bytes, key: bytes | None, timestamp_ms: int,
-               headers: list[tuple[str, bytes]] | None) -> None:
+               headers: list[tuple[str, bytes]] | None) -> int:
+        """Add one record; returns the bytes it took."""
         hdr = _headers_encoder.encode(headers) if headers else b""
-        key_len = -1 if key is None else len(key)
-        rest = RECORD_HEADER.pack(0, key_len, len(value), timestamp_ms, len(hdr))[4:]
-        crc = zlib.crc32(rest)
-        if key:
-            crc = zlib.crc32(key, crc)
-        crc = zlib.crc32(value, crc)
+        buf = self.buf
+        start = len(buf)
+        if key is None:
+            rest = _RECORD_REST.pack(-1, len(value), timestamp_ms, len(hdr))
+            crc = zlib.crc32(value, zlib.crc32(rest))
+        else:
+            rest = _RECORD_REST.pack(len(key), len(value), timestamp_ms, len(hdr))
+            crc = zlib.crc32(value, zlib.crc32(key, zlib.crc32(rest)))
         if hdr:
             crc = zlib.crc32(hdr, crc)
-        buf = self.buf
-        buf += crc.to_bytes(4, "little")
+        buf += _CRC.pack(crc)
         buf += rest
         if key:
             buf += key
@@ -114,8 +118,10 @@ class BatchBuilder:
             buf += hdr
         if self.count == 0:
             self.first_timestamp_ms = timestamp_ms
-        self.last_timestamp_ms = max(self.last_timestamp_ms, timestamp_ms)
+        if timestamp_ms > self.last_timestamp_ms:
+            self.last_timestamp_ms = timestamp_ms
         self.count += 1
+        return len(buf) - start
 
     def seal(self, producer_batch: int) -> bytearray:
         """Write the header; the batch is then ready to append to a segment."""

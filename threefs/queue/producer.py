@@ -287,7 +287,7 @@ class Producer:
         self._segment_bytes: dict[str, int] = {}
         self._writers: dict[tuple[str, int], _Writer] = {}
         self._sticky: dict[str, int] = {}
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
         self._buffered = 0
         self._closing = False
         self._error: BaseException | None = None
@@ -306,19 +306,21 @@ class Producer:
     def send(self, topic: str, value, key=None, partition: int | None = None,
              timestamp_ms: int | None = None, headers=None) -> RecordFuture:
         """Buffer one record; the future resolves when it is stored (RecordMetadata) or failed."""
-        value, key = fmt.check_record_input(value, key, headers)
-        n = self.partitions_for(topic)
+        if type(value) is not bytes or (key is not None and type(key) is not bytes) or headers is not None \
+                or len(value) > fmt.RECORD_BYTES_MAX:
+            value, key = fmt.check_record_input(value, key, headers)
+        n = self._topics.get(topic) or self.partitions_for(topic)
         if partition is None:
-            partition = zlib.crc32(key) % n if key is not None else self._sticky.setdefault(topic, 0) % n
-        elif not isinstance(partition, int) or not 0 <= partition < n:
+            partition = zlib.crc32(key) % n if key is not None else self._sticky.get(topic, 0) % n
+        elif type(partition) is not int or not 0 <= partition < n:
             raise status_error(StatusCode.INVALID_ARGUMENT, f"partition {partition!r} of {topic}: it has "
                                f"partitions 0..{n - 1}")
         ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
-        size = len(value) + (len(key) if key else 0) + fmt.RECORD_HEADER_BYTES
         with self._cond:
-            self._check_open()
-            if self._buffered + size > self.buffer_bytes:
-                self._wait_for_space(size)
+            if self._closing or self._error is not None:
+                self._check_open()
+            if self._buffered + len(value) > self.buffer_bytes:
+                self._wait_for_space(len(value))
             w = self._writers.get((topic, partition))
             if w is None:
                 w = self._writers[(topic, partition)] = _Writer(self.fs, self.root, topic, partition,
@@ -327,15 +329,13 @@ class Producer:
             if b is None:
                 b = w.open_batch = _Batch(topic, partition)
                 b.sealed_at = time.monotonic()  # opened at; sealing resets it
-                if len(self._writers) == 1 or len(w.queue) == 0:
-                    self._cond.notify_all()
-            before = len(b.builder)
-            b.builder.append(value, key, ts, headers)
-            added = len(b.builder) - before
+                self._cond.notify_all()  # the sender may sleep without a deadline
+            builder = b.builder
+            added = builder.append(value, key, ts, headers)
             b.accounted += added
             self._buffered += added
-            fut = RecordFuture(b, b.builder.count - 1, ts)
-            if len(b.builder) >= self.batch_bytes or b.builder.count >= fmt.BATCH_RECORDS_MAX:
+            fut = RecordFuture(b, builder.count - 1, ts)
+            if len(builder.buf) >= self.batch_bytes or builder.count >= fmt.BATCH_RECORDS_MAX:
                 self._seal(w)
                 if key is None:
                     self._sticky[topic] = self._sticky.get(topic, 0) + 1
