@@ -154,20 +154,20 @@ class _Writer:
                 break
             written.append(b)
         fresh = [b for b in batches if b.state == SEALED]
-        if fresh and (self.seg_pos + sum(len(b.data) for b in fresh) > self.segment_bytes
-                      or time.monotonic() - self.seg_opened > SEGMENT_AGE_S_MAX) and self.seg_pos > 0:
-            if written:  # the roll closes the segment: publish what was written to it first
-                await self.commit_all(written, deadline_s)
-                written = []
+        unplaced = [b for b in fresh if b.position < 0]
+        if unplaced and self.seg_pos > 0 and (
+                self.seg_pos + len(unplaced[0].data) > self.segment_bytes
+                or time.monotonic() - self.seg_opened > SEGMENT_AGE_S_MAX):
             await self.roll()
-        await asyncio.gather(self.write_all(fresh, deadline_s), self.commit_all(written, deadline_s))
+        for b in unplaced:  # what does not fit waits for the next round (and segment)
+            if self.seg_pos > 0 and self.seg_pos + len(b.data) > self.segment_bytes:
+                break
+            b.segment, b.position, b.attr = self.segment, self.seg_pos, self.seg_rsp.attr
+            self.seg_pos += len(b.data)
+        placed = [b for b in fresh if b.position >= 0]
+        await asyncio.gather(self.write_all(placed, deadline_s), self.commit_all(written, deadline_s))
 
     async def write_all(self, batches: list[_Batch], deadline_s: float) -> None:
-        for b in batches:
-            if b.position < 0:
-                b.segment, b.position, b.attr = self.segment, self.seg_pos, self.seg_rsp.attr
-                self.seg_pos += len(b.data)
-
         async def one(b: _Batch) -> None:
             try:
                 await self.fs.aio.write_at(b.attr, b.position, b.data)
