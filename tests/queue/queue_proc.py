@@ -6,8 +6,10 @@
     produce-until CONF ROOT TOPIC NAME STOP
         like produce, until the file STOP exists (records of 1 KiB-ish, sent in order)
     consume CONF ROOT TOPIC GROUP MEMBER STOP
-        join GROUP, print "GOT partition offset value" for every record a poll returns (before the
-        commit that follows), until the file STOP exists; then close (commit, leave)
+        join GROUP, print "ASSIGNED p,p,..." whenever its partitions change and "GOT partition offset
+        value" for every record a poll returns (before the commit that follows), until the file STOP
+        exists; then close (commit, leave)
+    create CONF ROOT TOPIC PARTITIONS
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def produce_until(fs, root, topic, name, stop):
         pending = []
         while not os.path.exists(stop):
             for _ in range(20):
-                pending.append((i, p.send(topic, f"{name}-{i}-{pad}".encode())))
+                pending.append((i, p.send(topic, f"{name}-{i}-{pad}".encode(), key=f"{name}{i % 7}".encode())))
                 i += 1
             still = []
             for j, f in pending:
@@ -74,8 +76,13 @@ def consume(fs, root, topic, group, member, stop):
     c = Consumer(fs, topic, group_id=group, root=root, member_id=member, session_timeout_s=3.0,
                  heartbeat_interval_s=0.3, enable_auto_commit=False)
     print("JOINED", flush=True)
+    assigned = None
     while not os.path.exists(stop):
         try:
+            now = sorted(tp.partition for tp in c.assignment())
+            if now != assigned:
+                assigned = now
+                print(f"ASSIGNED {','.join(map(str, now))}", flush=True)
             got = c.poll(timeout_ms=200)
             for tp, records in got.items():
                 for r in records:
@@ -89,11 +96,18 @@ def consume(fs, root, topic, group, member, stop):
     print("DONE", flush=True)
 
 
+def create(fs, root, topic, partitions):
+    from threefs.queue import Admin
+
+    Admin(fs, root).create_topic(topic, int(partitions))
+    print("CREATED", flush=True)
+
+
 def main() -> None:
     role, conf, *rest = sys.argv[1:]
     fs = Client.connect(conf)
     try:
-        {"produce": produce, "produce-until": produce_until, "consume": consume}[role](fs, *rest)
+        {"produce": produce, "produce-until": produce_until, "consume": consume, "create": create}[role](fs, *rest)
     finally:
         fs.close()
 
