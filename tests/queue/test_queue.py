@@ -139,6 +139,15 @@ def test_retention_by_size_keeps_the_newest_and_removes_segments(fs, d):
     assert all(r.value == bytes([r.offset]) * 1000 for r in records)
 
 
+def test_producers_apply_retention_as_they_write(fs, d):
+    Admin(fs, d).create_topic("auto", 1, retention_bytes=10_000)
+    with Producer(fs, root=d, batch_bytes=2048, linger_ms=0, retention_check_s=0) as p:
+        for i in range(60):
+            p.send("auto", b"%04d" % i * 100).get(timeout=DEADLINE_S)
+    info = Admin(fs, d).describe_topic("auto")[0]
+    assert info.end_offset == 60 and info.first_offset > 0 and info.bytes <= 10_000 + 2048
+
+
 def test_retention_by_age_and_a_consumer_behind_it_moves_on(fs, d):
     Admin(fs, d).create_topic("age", 1, retention_ms=3600_000)
     old = int(time.time() * 1000) - 7200_000

@@ -36,6 +36,7 @@ BATCH_BYTES_DEFAULT = 1 << 20
 LINGER_MS_DEFAULT = 5
 BUFFER_BYTES_DEFAULT = 64 << 20
 DELIVERY_TIMEOUT_S_DEFAULT = 120.0
+RETENTION_CHECK_S_DEFAULT = 60.0
 RETRY_BACKOFF_S = 0.05
 CONFLICT_PROBE = 16  # entries read at once after losing a seq to another producer
 SEGMENT_SCAN_PIECE = 8 << 20
@@ -271,7 +272,8 @@ class Producer:
     def __init__(self, fs, *, root: str = DEFAULT_ROOT, producer_id: str | None = None,
                  batch_bytes: int = BATCH_BYTES_DEFAULT, linger_ms: float = LINGER_MS_DEFAULT,
                  buffer_bytes: int = BUFFER_BYTES_DEFAULT, max_block_s: float = 60.0,
-                 delivery_timeout_s: float = DELIVERY_TIMEOUT_S_DEFAULT):
+                 delivery_timeout_s: float = DELIVERY_TIMEOUT_S_DEFAULT,
+                 retention_check_s: float | None = RETENTION_CHECK_S_DEFAULT):
         if producer_id is None:
             producer_id = uuid.uuid4().hex[:16]
         if not producer_id or len(producer_id) > 64 or not set(producer_id) <= PRODUCER_ID_RE_CHARS:
@@ -283,6 +285,9 @@ class Producer:
         self.fs, self.root, self.producer_id = fs, root, producer_id
         self.batch_bytes, self.linger_s, self.buffer_bytes = batch_bytes, linger_ms / 1000, buffer_bytes
         self.max_block_s, self.delivery_timeout_s = max_block_s, delivery_timeout_s
+        self.retention_check_s = retention_check_s  # None: never (leave it to Admin / the CLI)
+        self._last_retention = time.monotonic()
+        self._configs: dict[str, object] = {}
         self._topics: dict[str, int] = {}
         self._segment_bytes: dict[str, int] = {}
         self._writers: dict[tuple[str, int], _Writer] = {}
@@ -300,6 +305,7 @@ class Producer:
         if n is None:
             config = load_topic(self.fs, self.root, check_topic_name(topic))
             self._topics[topic], self._segment_bytes[topic] = config.partitions, config.segment_bytes
+            self._configs[topic] = config
             n = config.partitions
         return n
 
@@ -412,6 +418,9 @@ class Producer:
                     break
                 if work:
                     self._round(work)
+                if self.retention_check_s is not None and \
+                        time.monotonic() - self._last_retention >= self.retention_check_s:
+                    self._retention()
         except BaseException as e:  # a bug or a dead cluster: fail everything pending, loudly
             log.exception("queue producer sender stopped")
             self._error = e if isinstance(e, ThreeFSError) else status_error(StatusCode.INTERNAL, repr(e))
@@ -461,6 +470,19 @@ class Producer:
                     self._buffered -= b.accounted
                     b.builder = None
             self._cond.notify_all()
+
+    def _retention(self) -> None:
+        """Apply retention to the partitions this producer writes (every retention_check_s)."""
+        from threefs.queue.admin import enforce_partition_retention
+
+        self._last_retention = time.monotonic()
+        for (topic, _), w in list(self._writers.items()):
+            config = self._configs[topic]
+            if w.ready and (config.retention_ms >= 0 or config.retention_bytes >= 0):
+                try:
+                    enforce_partition_retention(self.fs, w.log, config)
+                except ThreeFSError as e:  # retention is housekeeping: the next check tries again
+                    log.warning("retention of %s failed: %s", w.log.dir, e)
 
     def _close_segments(self) -> None:
         for w in self._writers.values():
