@@ -228,3 +228,18 @@ def test_a_retried_write_is_applied_once_and_answers_the_same(fs, d):
     assert kv.get_item(b"n").version == first.versions[0] and kv.get(b"n") == b"2"
     fresh = fs._run(fs.aio.meta_call("kv_write", k.KvWriteReq(f"{d}/s", [op]), k.KvWriteRsp))
     assert not fresh.ok  # a new request with the same condition fails: the value is 2 now
+
+
+def test_clear_and_drop(fs, d):
+    kv = KVStore.create(fs, f"{d}/s")
+    kv.put_many([(b"k%d" % i, b"v") for i in range(50)])
+    kv.put(b"big", b"B" * (INLINE + 1))
+    keep = KVStore.create(fs, f"{d}/keep")
+    keep.put(b"k1", b"stays")
+    kv.clear()
+    assert list(kv.keys()) == [] and fs.listdir(f"{d}/s/.blobs") == []
+    kv.put(b"again", b"1")
+    kv.drop()
+    assert not fs.exists(f"{d}/s") and keep.get(b"k1") == b"stays"
+    again = KVStore.create(fs, f"{d}/s")  # a new directory: a new store, nothing of the old one
+    assert list(again.keys()) == []

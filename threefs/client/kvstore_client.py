@@ -6,7 +6,7 @@ from threefs.rpc.schemas import kvstore as k
 
 # Re-exported for threefs.kvstore, which must not import rpc.schemas itself (layering).
 KvOp, KvRecord = k.KvOp, k.KvRecord
-PUT, DELETE, CHECK, ANY_VERSION = k.PUT, k.DELETE, k.CHECK, k.ANY_VERSION
+PUT, DELETE, CHECK, CLEAR, ANY_VERSION = k.PUT, k.DELETE, k.CHECK, k.CLEAR, k.ANY_VERSION
 KEY_BYTES_MAX, INLINE_BYTES_MAX, OPS_MAX = k.KEY_BYTES_MAX, k.INLINE_BYTES_MAX, k.OPS_MAX
 BATCH_INLINE_BYTES_MAX, SCAN_LIMIT_MAX = k.BATCH_INLINE_BYTES_MAX, k.SCAN_LIMIT_MAX
 

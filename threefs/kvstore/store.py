@@ -201,6 +201,18 @@ class KVStore:
             raise status_error(StatusCode.INTERNAL, "an unconditional batch failed")
         return b.versions
 
+    def clear(self) -> None:
+        """Remove every key (one transaction), then the blob files."""
+        self._write([kc.KvOp(kc.CLEAR, b"")])
+        for entry in self.fs.scandir(self.blobs):
+            self._remove_blob(entry.name)
+
+    def drop(self) -> None:
+        """Remove the store: its keys, then its directory. (Removing the directory any other way leaves
+        its records in meta's KV, unreachable: use drop.)"""
+        self.clear()
+        self.fs.remove_tree(self.path)
+
     def batch(self) -> "WriteBatch":
         return WriteBatch(self)
 

@@ -71,6 +71,8 @@ async def get(tr: Transaction, req: k.KvGetReq, user: UserCred) -> list[k.KvReco
 
 
 def _check_op(op: k.KvOp) -> int:
+    if op.kind == k.CLEAR:
+        return 0
     check_key(op.key)
     if op.kind not in (k.PUT, k.DELETE, k.CHECK):
         raise status_error(StatusCode.INVALID_ARGUMENT, f"unknown operation kind {op.kind}")
@@ -98,6 +100,11 @@ async def write(tr: Transaction, req: k.KvWriteReq, user: UserCred, now_ns: int)
     if len({op.key for op in req.ops if op.kind != k.CHECK}) != sum(op.kind != k.CHECK for op in req.ops):
         raise status_error(StatusCode.INVALID_ARGUMENT, "a write batch changes each key at most once")
     prefix = _prefix(await store_dir(tr, req.path, user, W, snapshot=False))
+    if any(op.kind == k.CLEAR for op in req.ops):
+        if len(req.ops) != 1:
+            raise status_error(StatusCode.INVALID_ARGUMENT, "a clear is alone in its batch")
+        tr.clear_range(prefix, schema.strinc(prefix))
+        return k.KvWriteRsp(True, -1, [0], [None])
     current: dict[bytes, k.KvRecord | None] = {}
     for op in req.ops:
         if op.key not in current:

@@ -21,7 +21,7 @@ OPS_MAX = 1000  # operations in one atomic write batch (and keys in one get)
 BATCH_INLINE_BYTES_MAX = 4 << 20  # inline bytes in one batch (the KV transaction stays small)
 SCAN_LIMIT_MAX = 1000
 
-PUT, DELETE, CHECK = 1, 2, 3
+PUT, DELETE, CHECK, CLEAR = 1, 2, 3, 4  # CLEAR: every key of the store (alone in its batch)
 ANY_VERSION = -1  # KvOp.expect_version: no condition; 0: the key must not exist; n: its version is n
 
 
