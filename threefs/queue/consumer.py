@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.queue import format as fmt
+from threefs.queue.format import ConsumerRecord
 from threefs.queue.group import Membership, assign
 from threefs.queue.log import (DEFAULT_ROOT, PROBE_MAX, PartitionLog, check_topic_name, group_dir,
                                load_topic, run)
@@ -41,16 +42,6 @@ class TopicPartition(NamedTuple):
     partition: int
 
 
-class ConsumerRecord(NamedTuple):
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes
-    headers: list
-
-
 class _Cursor:
     """Where a partition is read: fetch_seq (next index entry), position (next offset to return)."""
 
@@ -58,7 +49,7 @@ class _Cursor:
 
     def __init__(self, plog: PartitionLog, seq: int, position: int):
         self.log, self.fetch_seq, self.position = plog, seq, position
-        self.buffer: collections.deque[fmt.Record] = collections.deque()
+        self.buffer: collections.deque[ConsumerRecord] = collections.deque()
         self.low_checked = 0.0
 
 
@@ -171,13 +162,13 @@ class Consumer:
                 break
             if not c.buffer:
                 continue
-            got = []
             buf = c.buffer
-            while buf and limit > 0:
-                r = buf.popleft()
-                got.append(ConsumerRecord(tp.topic, tp.partition, r.offset, r.timestamp_ms, r.key, r.value,
-                                          r.headers))
-                limit -= 1
+            if len(buf) <= limit:
+                got = list(buf)
+                buf.clear()
+            else:
+                got = [buf.popleft() for _ in range(limit)]
+            limit -= len(got)
             c.position = got[-1].offset + 1
             out[tp] = got
         return out
@@ -238,7 +229,8 @@ class Consumer:
             if isinstance(r, BaseException):
                 log.info("reading %s seq %d failed (will retry): %s", c.log.dir, s, r)
                 continue
-            records = fmt.decode_batch(memoryview(bytes(buf)), e, f"{c.log.dir} seq {s}")
+            records = fmt.decode_batch(memoryview(bytes(buf)), e, f"{c.log.dir} seq {s}", c.log.topic,
+                                       c.log.partition)
             if e.base_offset < c.position:
                 records = [r for r in records if r.offset >= c.position]
             c.buffer.extend(records)

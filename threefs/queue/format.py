@@ -41,9 +41,11 @@ _headers_encoder = msgspec.msgpack.Encoder()
 _headers_decoder = msgspec.msgpack.Decoder(list[tuple[str, bytes]])
 
 
-class Record(NamedTuple):
-    """One record as a consumer sees it (offset filled in from the index entry)."""
+class ConsumerRecord(NamedTuple):
+    """One record as a consumer sees it (its offset comes from the batch's index entry)."""
 
+    topic: str
+    partition: int
     offset: int
     timestamp_ms: int
     key: bytes | None
@@ -168,7 +170,8 @@ def batch_span(view: memoryview) -> int:
     return end
 
 
-def decode_batch(view: memoryview, entry: IndexEntry, where: str) -> list[Record]:
+def decode_batch(view: memoryview, entry: IndexEntry, where: str, topic: str = "",
+                 partition: int = 0) -> list[ConsumerRecord]:
     """The records of the batch an index entry names; a CRC mismatch is an error naming the place."""
     if len(view) != entry.nbytes or batch_span(view) != entry.nbytes:
         raise _corrupt(f"{where}: batch at {entry.segment}@{entry.position} ({entry.nbytes} bytes) fails its "
@@ -193,7 +196,7 @@ def decode_batch(view: memoryview, entry: IndexEntry, where: str) -> list[Record
         pos += value_len
         headers = _headers_decoder.decode(data[pos:pos + hdr_len]) if hdr_len else []
         pos += hdr_len
-        out.append(Record(offset, ts, key, value, headers))
+        out.append(ConsumerRecord(topic, partition, offset, ts, key, value, headers))
         offset += 1
     if pos != len(data):
         raise _corrupt(f"{where}: batch records end at {pos}, not at {len(data)}")
