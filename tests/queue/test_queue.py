@@ -103,6 +103,22 @@ def test_torn_tail_is_cut_when_the_producer_restarts(fs, d):
     assert [r.value for r in records] == [b"r%03d" % i for i in range(200)] + [b"after"]
 
 
+def test_a_producer_id_has_one_live_producer(fs, d):
+    Admin(fs, d).create_topic("ids", 1)
+    with Producer(fs, root=d, producer_id="solo") as p:
+        p.send("ids", b"1").get(timeout=DEADLINE_S)
+        with pytest.raises(FileExistsError, match="is in use"):
+            Producer(fs, root=d, producer_id="solo")  # it would cut the live one's batches in flight
+        p.send("ids", b"2").get(timeout=DEADLINE_S)
+    lease = f"{d}/.producers/dead"  # a holder that died: its lease is old
+    fs.symlink("token-of-a-dead-producer", lease)
+    fs._run(fs.aio.setattr(lease, follow=False, mtime_ns=time.time_ns() - 3600 * 10**9))
+    with Producer(fs, root=d, producer_id="dead") as p:  # takes the stale lease over
+        p.send("ids", b"3").get(timeout=DEADLINE_S)
+    assert [r.value for r in _read_all(fs, d, "ids", 1, 3)[0]] == [b"1", b"2", b"3"]
+    assert fs.listdir(f"{d}/.producers") == [".clock"]  # both released their leases
+
+
 def test_a_corrupt_batch_is_an_error_not_bad_records(fs, d):
     Admin(fs, d).create_topic("bad", 1)
     with Producer(fs, root=d) as p:

@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 POLL_BACKOFF_S_MIN = 0.002
 POLL_BACKOFF_S_MAX = 0.05
 FETCH_BYTES_MAX = 64 << 20
-LOW_CHECK_S = 1.0  # how often a consumer stuck on a missing entry checks whether retention passed it
+LOW_CHECK_S = 1.0
+TRANSIENT_CODES = frozenset({StatusCode.UNAVAILABLE, StatusCode.TIMEOUT, StatusCode.NO_SERVING_TARGET,
+                             StatusCode.TARGET_OFFLINE, StatusCode.CHAIN_VERSION_MISMATCH, StatusCode.BUSY})  # how often a consumer stuck on a missing entry checks whether retention passed it
 
 
 class TopicPartition(NamedTuple):
@@ -147,8 +149,13 @@ class Consumer:
             out = self._drain(limit)
             if out:
                 return out
-            if self._fetch():
-                continue
+            try:
+                if self._fetch():
+                    continue
+            except ThreeFSError as e:  # meta or storage unreachable for a moment: try again until timeout
+                if e.code not in TRANSIENT_CODES or time.monotonic() >= deadline:
+                    raise
+                log.info("poll: %s (will retry)", e)
             left = deadline - time.monotonic()
             if left <= 0:
                 return {}
@@ -227,6 +234,8 @@ class Consumer:
             if s != c.fetch_seq:  # an earlier batch of this partition failed: keep the order
                 continue
             if isinstance(r, BaseException):
+                if not isinstance(r, ThreeFSError) or r.code not in TRANSIENT_CODES:
+                    raise r
                 log.info("reading %s seq %d failed (will retry): %s", c.log.dir, s, r)
                 continue
             records = fmt.decode_batch(memoryview(bytes(buf)), e, f"{c.log.dir} seq {s}", c.log.topic,

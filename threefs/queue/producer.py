@@ -37,6 +37,8 @@ LINGER_MS_DEFAULT = 5
 BUFFER_BYTES_DEFAULT = 64 << 20
 DELIVERY_TIMEOUT_S_DEFAULT = 120.0
 RETENTION_CHECK_S_DEFAULT = 60.0
+PERMANENT_CODES = frozenset({StatusCode.EXISTS, StatusCode.PERMISSION_DENIED, StatusCode.NOT_FOUND,
+                             StatusCode.INVALID_ARGUMENT, StatusCode.NOT_DIRECTORY, StatusCode.NO_SPACE})
 RETRY_BACKOFF_S = 0.05
 CONFLICT_PROBE = 16  # entries read at once after losing a seq to another producer
 SEGMENT_SCAN_PIECE = 8 << 20
@@ -274,6 +276,7 @@ class Producer:
                  buffer_bytes: int = BUFFER_BYTES_DEFAULT, max_block_s: float = 60.0,
                  delivery_timeout_s: float = DELIVERY_TIMEOUT_S_DEFAULT,
                  retention_check_s: float | None = RETENTION_CHECK_S_DEFAULT):
+        named = producer_id is not None
         if producer_id is None:
             producer_id = uuid.uuid4().hex[:16]
         if not producer_id or len(producer_id) > 64 or not set(producer_id) <= PRODUCER_ID_RE_CHARS:
@@ -296,6 +299,12 @@ class Producer:
         self._buffered = 0
         self._closing = False
         self._error: BaseException | None = None
+        self._lease = None
+        if named:  # a fixed id may be reused after a crash: make sure its previous holder is gone
+            from threefs.queue.lease import ProducerLease
+
+            self._lease = ProducerLease(fs, root, producer_id, self._lease_lost)
+            self._lease.acquire()
         self._sender = threading.Thread(target=self._sender_main, name="threefs-queue-sender", daemon=True)
         self._sender.start()
 
@@ -375,6 +384,8 @@ class Producer:
                 self._closing = True
                 self._cond.notify_all()
             self._sender.join(timeout)
+            if self._lease is not None:
+                self._lease.release()
 
     def __enter__(self) -> "Producer":
         return self
@@ -383,6 +394,15 @@ class Producer:
         self.close()
 
     # -- internals ---------------------------------------------------------------------------------------
+    def _lease_lost(self, e: ThreeFSError) -> None:
+        with self._cond:
+            self._error = e
+            for w in self._writers.values():
+                for b in w.queue:
+                    if b.state != DONE:
+                        _fail(b, e)
+            self._cond.notify_all()
+
     def _check_open(self) -> None:
         if self._closing:
             raise status_error(StatusCode.INVALID_ARGUMENT, "producer is closed")
@@ -438,6 +458,8 @@ class Producer:
     def _next_work(self) -> dict[_Writer, list[_Batch]] | None:
         with self._cond:
             while True:
+                if self._error is not None:  # the lease was lost: stop sending
+                    return None
                 now = time.monotonic()
                 wake = None
                 for w in self._writers.values():
@@ -456,12 +478,26 @@ class Producer:
                 self._cond.wait(None if wake is None else max(0.0, wake - now))
 
     def _round(self, work: dict[_Writer, list[_Batch]]) -> None:
-        for w in work:
+        ready = {}
+        for w, bs in work.items():
             if not w.ready:
-                w.init()
+                try:
+                    w.init()
+                except ThreeFSError as e:
+                    if not self._writer_failed(w, bs, e):
+                        time.sleep(RETRY_BACKOFF_S)
+                    continue
+            ready[w] = bs
+
+        async def guarded(w: _Writer, bs: list[_Batch]):
+            try:
+                await w.step(bs, self.delivery_timeout_s)
+            except ThreeFSError as e:  # opening the next segment failed, say: the batches wait or fail
+                if not self._writer_failed(w, bs, e):
+                    await asyncio.sleep(RETRY_BACKOFF_S)
 
         async def all_steps():
-            await asyncio.gather(*(w.step(bs, self.delivery_timeout_s) for w, bs in work.items()))
+            await asyncio.gather(*(guarded(w, bs) for w, bs in ready.items()))
         run(self.fs, all_steps())
         with self._cond:
             for w in work:
@@ -470,6 +506,18 @@ class Producer:
                     self._buffered -= b.accounted
                     b.builder = None
             self._cond.notify_all()
+
+    def _writer_failed(self, w: _Writer, batches: list[_Batch], e: ThreeFSError) -> bool:
+        """A partition's set-up or segment roll failed. Errors a retry cannot fix fail its batches now;
+        others (meta or storage unreachable) let them wait, up to delivery_timeout_s."""
+        permanent = e.code in PERMANENT_CODES
+        log.warning("producer %s, %s: %s%s", self.producer_id, w.log.dir, e,
+                    "" if permanent else " (will retry)")
+        now = time.monotonic()
+        for b in batches:
+            if b.state != DONE and (permanent or now - b.sealed_at > self.delivery_timeout_s):
+                _fail(b, e)
+        return permanent
 
     def _retention(self) -> None:
         """Apply retention to the partitions this producer writes (every retention_check_s)."""
