@@ -4,7 +4,6 @@ atomic batches, permissions, bad input."""
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import sys
 from pathlib import Path

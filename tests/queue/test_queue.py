@@ -3,7 +3,6 @@ tails, corruption, retention, replay, blocking polls, consumer groups, bad input
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -15,7 +14,6 @@ import pytest
 
 from threefs.common.status import StatusCode, ThreeFSError
 from threefs.queue import Admin, Consumer, Producer, TopicPartition
-from threefs.queue.log import PartitionLog
 
 HELPER = str(Path(__file__).with_name("queue_proc.py"))
 DEADLINE_S = 60.0

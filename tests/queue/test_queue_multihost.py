@@ -142,7 +142,8 @@ def test_queue_survives_a_killed_consumer_and_a_killed_storage_service(tmp_path:
                                      timeout_s=10.0), mode=0o600)
         r = lab.run("pa", [sys.executable, CLUSTER_HELPER, "ready", conf, "3", "3"], timeout=DEADLINE_S)
         assert r.returncode == 0, r.stderr[-3000:]
-        r = lab.run("pa", [sys.executable, HELPER, "create", conf, ROOT, TOPIC, str(PARTITIONS)], timeout=DEADLINE_S)
+        r = lab.run("pa", [sys.executable, HELPER, "create", conf, ROOT, TOPIC, str(PARTITIONS)],
+                    timeout=DEADLINE_S)
         assert r.returncode == 0 and "CREATED" in r.stdout, r.stderr[-3000:]
 
         stop_p, stop_c = work / "stop-producers", work / "stop-consumers"

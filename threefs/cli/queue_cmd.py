@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime
 import json
 import sys
-import time
 
 from threefs.common.status import StatusCode, status_error
 

@@ -34,9 +34,10 @@ log = logging.getLogger(__name__)
 POLL_BACKOFF_S_MIN = 0.002
 POLL_BACKOFF_S_MAX = 0.05
 FETCH_BYTES_MAX = 64 << 20
-LOW_CHECK_S = 1.0
+LOW_CHECK_S = 1.0  # how often a consumer stuck on a missing entry checks whether retention passed it
+# errors a poll waits out (meta or storage unreachable for a moment, a chain being reconfigured)
 TRANSIENT_CODES = frozenset({StatusCode.UNAVAILABLE, StatusCode.TIMEOUT, StatusCode.NO_SERVING_TARGET,
-                             StatusCode.TARGET_OFFLINE, StatusCode.CHAIN_VERSION_MISMATCH, StatusCode.BUSY})  # how often a consumer stuck on a missing entry checks whether retention passed it
+                             StatusCode.TARGET_OFFLINE, StatusCode.CHAIN_VERSION_MISMATCH, StatusCode.BUSY})
 
 
 class TopicPartition(NamedTuple):
