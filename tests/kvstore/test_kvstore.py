@@ -98,7 +98,14 @@ def test_a_large_value_streams_from_a_file_object(fs, d, rng, tmp_path):
     with open(local, "rb") as f:
         kv.put(b"file", f)
     assert kv.get(b"file") == data
+    out = tmp_path / "out.bin"
+    with open(out, "wb") as f:  # and back into a file, without holding it in memory
+        assert kv.get_to(b"file", f) == len(data)
+    assert out.read_bytes() == data
+    buf = io.BytesIO()
+    assert kv.get_to(b"nothing", buf) is None
     kv.put(b"small", io.BytesIO(b"tiny"))
+    assert kv.get_to(b"small", buf) == 4 and buf.getvalue() == b"tiny"
     assert kv.get(b"small") == b"tiny" and len(fs.listdir(f"{d}/s/.blobs")) == 1
     for key, value in kv.scan():  # scans return large values too
         assert value == (data if key == b"file" else b"tiny")

@@ -20,7 +20,7 @@ is strongly consistent (linearizable): each is one serializable transaction on m
 from __future__ import annotations
 
 import hashlib
-import io
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,6 +28,8 @@ from typing import NamedTuple
 
 from threefs.client import kvstore_client as kc
 from threefs.common.status import StatusCode, ThreeFSError, status_error
+
+log = logging.getLogger(__name__)
 
 BLOBS_DIR = ".blobs"
 STREAM_PIECE_BYTES = 8 << 20
@@ -99,6 +101,35 @@ class KVStore:
             raise status_error(StatusCode.INVALID_ARGUMENT, f"get_many takes at most {kc.OPS_MAX} keys")
         records = self._run(kc.kv_get(self.fs.aio, self.path, keys))
         return self._items(keys, records)
+
+    def get_to(self, key, dst) -> int | None:
+        """Write the value of `key` into the binary file object `dst` without holding it in memory (for
+        values of gigabytes); returns its length, or None if the key is absent. If the value is replaced
+        while it is copied, `dst` is rewound and truncated and the copy starts again (a `dst` that cannot
+        seek gets BUSY instead)."""
+        key = _key(key)
+        start = dst.tell() if dst.seekable() else None
+        for _ in range(GET_RETRIES_MAX):
+            rec = self._run(kc.kv_get(self.fs.aio, self.path, [key]))[0]
+            if rec is None:
+                return None
+            if not rec.blob:
+                dst.write(rec.value)
+                return rec.length
+            try:
+                with self.fs.open(f"{self.blobs}/{rec.blob}", "rb") as src:
+                    copied = _copy(src, dst)
+            except FileNotFoundError:
+                copied = -1
+            again = self._run(kc.kv_get(self.fs.aio, self.path, [key]))[0]
+            if copied == rec.length and again is not None and again.version == rec.version:
+                return copied
+            if start is None:
+                raise status_error(StatusCode.BUSY, f"the value of {key[:80]!r} was replaced while it was "
+                                   "copied to a file object that cannot seek; try again")
+            dst.seek(start)
+            dst.truncate()
+        raise status_error(StatusCode.BUSY, f"the value of {key[:80]!r} kept changing while being read")
 
     def __getitem__(self, key) -> bytes:
         item = self.get_item(key)
@@ -337,8 +368,7 @@ class KVStore:
         except FileNotFoundError:
             pass
         except ThreeFSError as e:  # a leftover blob costs space, not correctness: gc_blobs removes it
-            import logging
-            logging.getLogger(__name__).warning("could not remove blob %s: %s", name, e)
+            log.warning("could not remove blob %s: %s", name, e)
 
 
 class WriteBatch:
@@ -415,6 +445,16 @@ class WriteBatch:
                                    "(call commit() yourself to get False instead)")
 
 
+def _copy(src, dst) -> int:
+    buf = bytearray(STREAM_PIECE_BYTES)
+    view = memoryview(buf)
+    total = 0
+    while n := src.readinto(buf):
+        dst.write(view[:n])
+        total += n
+    return total
+
+
 def _bytes(value, what: str):
     if isinstance(value, str):
         raise status_error(StatusCode.INVALID_ARGUMENT, f"{what} must be bytes, not str (encode it first)")
@@ -424,7 +464,3 @@ def _bytes(value, what: str):
         raise status_error(StatusCode.INVALID_ARGUMENT, f"{what} must be bytes-like, not "
                            f"{type(value).__name__}") from None
 
-
-def open_value(store: KVStore, key) -> io.BytesIO:
-    """The value as a file object (for code that wants one)."""
-    return io.BytesIO(store[key])
