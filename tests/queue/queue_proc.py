@@ -6,8 +6,8 @@
     produce-until CONF ROOT TOPIC NAME STOP
         like produce, until the file STOP exists (records of 1 KiB-ish, sent in order)
     consume CONF ROOT TOPIC GROUP MEMBER STOP
-        join GROUP, print "ASSIGNED p,p,..." whenever its partitions change and "GOT partition offset
-        value" for every record a poll returns (before the commit that follows), until the file STOP
+        join GROUP, print "ASSIGNED p,p,..." whenever its partitions change (from a rebalance listener) and
+        "GOT partition offset value" for every record a poll returns (before the commit that follows), until the file STOP
         exists; then close (commit, leave)
     create CONF ROOT TOPIC PARTITIONS
 """
@@ -72,17 +72,33 @@ def _report(name, i, f):
         print(f"FAIL {i} {e.code.name}", flush=True)
 
 
+class _PrintChanges:
+    """A rebalance listener: prints the partitions owned after every change, at the moment it happens
+    (inside poll, before the records that poll returns), so the test knows where a partition restarts."""
+
+    def __init__(self):
+        self.owned: set[int] = set()
+
+    def on_partitions_revoked(self, revoked):
+        self.owned -= {tp.partition for tp in revoked}
+        self._print()
+
+    def on_partitions_assigned(self, assigned):
+        self.owned |= {tp.partition for tp in assigned}
+        self._print()
+
+    def _print(self):
+        print(f"ASSIGNED {','.join(map(str, sorted(self.owned)))}", flush=True)
+
+
 def consume(fs, root, topic, group, member, stop):
-    c = Consumer(fs, topic, group_id=group, root=root, member_id=member, session_timeout_s=3.0,
+    c = Consumer(fs, group_id=group, root=root, member_id=member, session_timeout_s=3.0,
                  heartbeat_interval_s=0.3, enable_auto_commit=False)
+    c.subscribe([topic], listener=_PrintChanges())
     print("JOINED", flush=True)
-    assigned = None
     while not os.path.exists(stop):
         try:
-            now = sorted(tp.partition for tp in c.assignment())
-            if now != assigned:
-                assigned = now
-                print(f"ASSIGNED {','.join(map(str, now))}", flush=True)
+            c.assignment()  # applies a new view of the group even when no record comes
             got = c.poll(timeout_ms=200)
             for tp, records in got.items():
                 for r in records:

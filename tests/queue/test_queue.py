@@ -238,7 +238,17 @@ def test_a_group_spreads_partitions_and_takes_over_from_a_member_that_leaves(fs,
         for i in range(400):
             p.send("grp", b"%d" % i, partition=i % 4)
     kw = dict(group_id="g", root=d, session_timeout_s=2.0, heartbeat_interval_s=0.2)
-    a, b = Consumer(fs, "grp", member_id="a", **kw), Consumer(fs, "grp", member_id="b", **kw)
+
+    class Listener:
+        owned: set = set()
+
+        def on_partitions_revoked(self, revoked):
+            self.owned = self.owned - revoked
+
+        def on_partitions_assigned(self, assigned):
+            self.owned = self.owned | assigned
+    heard = Listener()
+    a, b = Consumer(fs, "grp", member_id="a", **kw), Consumer(fs, "grp", member_id="b", listener=heard, **kw)
     deadline = time.monotonic() + DEADLINE_S
     while not (len(a.assignment()) == 2 and len(b.assignment()) == 2):
         assert time.monotonic() < deadline, (a.assignment(), b.assignment())
@@ -253,6 +263,7 @@ def test_a_group_spreads_partitions_and_takes_over_from_a_member_that_leaves(fs,
     while len(b.assignment()) != 4:
         assert time.monotonic() < deadline
         time.sleep(0.1)
+    assert heard.owned == b.assignment()  # the listener heard every change
     while len(seen) < 400:
         assert time.monotonic() < deadline, len(seen)
         for tp, rs in b.poll(timeout_ms=200).items():

@@ -64,7 +64,7 @@ class Consumer:
                  member_id: str | None = None, auto_offset_reset: str = "earliest",
                  enable_auto_commit: bool = True, auto_commit_interval_s: float = 5.0,
                  session_timeout_s: float = 10.0, heartbeat_interval_s: float = 1.0,
-                 max_poll_records: int = 10_000, fetch_entries: int = 16):
+                 max_poll_records: int = 10_000, fetch_entries: int = 16, listener=None):
         if auto_offset_reset not in ("earliest", "latest"):
             raise status_error(StatusCode.INVALID_ARGUMENT, "auto_offset_reset is 'earliest' or 'latest', "
                                f"not {auto_offset_reset!r}")
@@ -94,13 +94,18 @@ class Consumer:
         self._hb_error: BaseException | None = None
         self._last_commit = time.monotonic()
         self._commit_counter = 0
+        self._offsets_dir_made = False
+        self.listener = listener  # on_partitions_revoked(set) / on_partitions_assigned(set), as Kafka's
         self._closed = False
         if topics:
             self.subscribe(list(topics))
 
     # -- subscription and assignment -------------------------------------------------------------------
-    def subscribe(self, topics: list[str]) -> None:
-        """Join the group for these topics; partitions are assigned among the group's live members."""
+    def subscribe(self, topics: list[str], listener=None) -> None:
+        """Join the group for these topics; partitions are assigned among the group's live members.
+        `listener` (Kafka's ConsumerRebalanceListener shape) hears of every change, inside poll()."""
+        if listener is not None:
+            self.listener = listener
         if self.group_id is None:
             raise status_error(StatusCode.INVALID_ARGUMENT, "subscribe needs a group_id (or use assign())")
         if self._membership is not None:
@@ -304,7 +309,9 @@ class Consumer:
         if offsets is None:
             offsets = {tp: c.position for tp, c in self._cursors.items()}
         odir = f"{group_dir(self.root, self.group_id)}/offsets"
-        self.fs.mkdir(odir, parents=True, exist_ok=True)
+        if not self._offsets_dir_made:
+            self.fs.mkdir(odir, parents=True, exist_ok=True)
+            self._offsets_dir_made = True
         aio = self.fs.aio
 
         async def one(tp: TopicPartition, offset: int) -> None:
@@ -412,7 +419,10 @@ class Consumer:
                 log.warning("committing revoked partitions failed: %s", e)
         for tp in revoked:
             del self._cursors[tp]
-        for tp in sorted(wanted - set(self._cursors)):
+        if revoked and self.listener is not None:
+            self.listener.on_partitions_revoked(set(revoked))
+        added = sorted(wanted - set(self._cursors))
+        for tp in added:
             plog = PartitionLog(self.fs, self.root, tp.topic, tp.partition)
             committed = self._committed(tp)
             if committed is not None:
@@ -422,8 +432,10 @@ class Consumer:
             else:
                 seq, pos = plog.end_offset()
             self._cursors[tp] = _Cursor(plog, seq, pos)
-        if revoked or wanted:
+        if revoked or added:
             log.info("member %s: partitions %s", self.member_id, sorted(self._cursors))
+        if added and self.listener is not None:
+            self.listener.on_partitions_assigned(set(added))
 
 
 def _offset_name(tp: TopicPartition) -> str:
