@@ -250,20 +250,15 @@ class KVStore:
     def gc_blobs(self, min_age_s: float = BLOB_GC_AGE_S) -> int:
         """Remove blob files no record names, older than min_age_s (left by clients that died between
         writing a blob and its record, or before removing a replaced one). Returns files removed."""
-        named = {rec.blob for _, rec in self._scan_records(b"", None, None, kc.SCAN_LIMIT_MAX) if rec.blob}
-        removed = 0
         now_ns = time.time_ns()
-        for entry in self.fs.scandir(self.blobs):
-            if entry.name in named:
-                continue
-            attr = self.fs.stat(f"{self.blobs}/{entry.name}")
-            if now_ns - attr.ctime_ns < min_age_s * 1e9:
-                continue
-            named_now = {rec.blob for _, rec in self._scan_records(b"", None, None, kc.SCAN_LIMIT_MAX)}
-            if entry.name not in named_now:
-                self._remove_blob(entry.name)
-                removed += 1
-        return removed
+        old = [e.name for e in self.fs.scandir(self.blobs)
+               if now_ns - self.fs.stat(f"{self.blobs}/{e.name}").ctime_ns >= min_age_s * 1e9]
+        # scanned after listing: a blob whose put committed meanwhile is named by now
+        named = {rec.blob for _, rec in self._scan_records(b"", None, None, kc.SCAN_LIMIT_MAX) if rec.blob}
+        orphans = [name for name in old if name not in named]
+        for name in orphans:
+            self._remove_blob(name)
+        return len(orphans)
 
     # -- internals -------------------------------------------------------------------------------------
     def _run(self, coro):
