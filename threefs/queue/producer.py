@@ -128,8 +128,8 @@ class _Writer:
         self.ready = True
 
     async def roll(self) -> None:
-        """Close the current segment (publishing its length) and create the next, exclusively: two live
-        producers with one id would fail here instead of interleaving bytes."""
+        """Close the current segment (publishing its length) and create the next, exclusively (a name is
+        never written by two producers)."""
         aio = self.fs.aio
         if self.seg_rsp is not None:
             await aio.close_file(self.seg_rsp.attr.inode, self.seg_rsp.session, self.seg_pos)
@@ -158,9 +158,9 @@ class _Writer:
             written.append(b)
         fresh = [b for b in batches if b.state == SEALED]
         unplaced = [b for b in fresh if b.position < 0]
-        if unplaced and self.seg_pos > 0 and (
+        if unplaced and (self.seg_rsp is None or self.seg_pos > 0 and (  # None: an earlier roll failed
                 self.seg_pos + len(unplaced[0].data) > self.segment_bytes
-                or time.monotonic() - self.seg_opened > SEGMENT_AGE_S_MAX):
+                or time.monotonic() - self.seg_opened > SEGMENT_AGE_S_MAX)):
             await self.roll()
         for b in unplaced:  # what does not fit waits for the next round (and segment)
             if self.seg_pos > 0 and self.seg_pos + len(b.data) > self.segment_bytes:
