@@ -188,7 +188,7 @@ class Consumer:
 
     def _fetch(self) -> bool:
         """One round: the next entries of every partition with an empty buffer (one batch stat), then
-        their batches (one batch read). True if any record arrived."""
+        their batches (one batch read). True if any partition moved on."""
         cursors = [c for c in self._cursors.values() if not c.buffer]
         if not cursors:
             return False
@@ -235,7 +235,7 @@ class Consumer:
             items.append((attr, e.position, buf))
             bufs.append(buf)
         results = self.fs.batch_read(items, raise_on_error=False)
-        got = False
+        progressed = False
         for (c, s, e), buf, r in zip(plan, bufs, results):
             if s != c.fetch_seq:  # an earlier batch of this partition failed: keep the order
                 continue
@@ -250,8 +250,8 @@ class Consumer:
                 records = [r for r in records if r.offset >= c.position]
             c.buffer.extend(records)
             c.fetch_seq = s + 1
-            got = got or bool(records)
-        return got
+            progressed = True  # also when every record was below the position (after a seek)
+        return progressed
 
     def _check_passed_by_retention(self, c: _Cursor, force: bool = False) -> None:
         """A missing entry is usually one not written yet; but if retention removed it, jump ahead."""
