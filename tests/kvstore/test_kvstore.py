@@ -196,6 +196,8 @@ def test_bad_input_gets_clear_errors(fs, d):
         kv.get_many([b"k%d" % i for i in range(1001)])
     with pytest.raises(ThreeFSError, match="at most 1000"):
         kv.put_many([(b"k%d" % i, b"") for i in range(1001)])
+    with pytest.raises(ThreeFSError, match="4096"):
+        list(kv.keys(b"p" * 5000))
     with pytest.raises(ThreeFSError, match="each key at most once"):
         kv.batch().put(b"k", b"1").put(b"k", b"2").commit()
     with pytest.raises(ThreeFSError, match="must be absolute"):

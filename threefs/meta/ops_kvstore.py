@@ -137,8 +137,9 @@ def _holds(op: k.KvOp, rec: k.KvRecord | None) -> bool:
 async def scan(tr: Transaction, req: k.KvScanReq, user: UserCred) -> k.KvScanRsp:
     if not 1 <= req.limit <= k.SCAN_LIMIT_MAX:
         raise status_error(StatusCode.INVALID_ARGUMENT, f"scan limit must be 1..{k.SCAN_LIMIT_MAX}")
-    if len(req.prefix) > k.KEY_BYTES_MAX:
-        raise status_error(StatusCode.INVALID_ARGUMENT, f"a prefix is at most {k.KEY_BYTES_MAX} bytes")
+    if len(req.prefix) > k.KEY_BYTES_MAX or len(req.start_after or b"") > k.KEY_BYTES_MAX:
+        raise status_error(StatusCode.INVALID_ARGUMENT, f"a prefix or start_after is at most "
+                           f"{k.KEY_BYTES_MAX} bytes")
     base = _prefix(await store_dir(tr, req.path, user, R, snapshot=True))
     begin = base + req.prefix
     end = schema.strinc(begin) if req.prefix else schema.strinc(base)
