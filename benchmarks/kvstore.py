@@ -3,10 +3,12 @@
     .venv/bin/python benchmarks/kvstore.py [--ops 3000] [--threads 1,8] [--value-bytes 100] [--big-mib 256]
 
 Small values: put, get and compare-and-set ops/s from T threads of one process (each op one meta RPC and
-one KV transaction on SQLite, R/W of the same key space), beside redis-py SET/GET/(WATCH-free) SET NX
-from T threads against Debian's redis-server (memory only) on a loopback port, not pipelined: both are
-request/response per op. Large values: one put and one get of --big-mib MiB (threefs: a blob file, three
-replicas on disk; Redis: one SET/GET of the same bytes, in memory). The best of --repeats counts.
+one KV transaction on SQLite), beside redis-py SET, GET and the WATCH/GET/MULTI/SET/EXEC idiom of CAS from T
+threads against Debian's redis-server (memory only) on a loopback port, not pipelined: both are
+request/response per op; and batches of 1000 puts (threefs: one atomic batch, one transaction; Redis: a
+pipeline of 1000 SETs). Large values: one put and one get of --big-mib MiB (threefs: a blob file, three
+replicas on disk; Redis: one SET/GET of the same bytes, in memory); --stream-gib streams a local file in
+and out. The best of --repeats counts.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from benchmarks.common import local_cluster  # noqa: E402
 from threefs.client.client import Client  # noqa: E402
 from threefs.common.net import free_port  # noqa: E402
 from threefs.kvstore import KVStore  # noqa: E402
+
+BATCH = 1000
 
 
 def _threads(n: int, fn) -> float:
@@ -57,6 +61,11 @@ def bench_threefs(kv: KVStore, ops: int, threads: int, value: bytes) -> dict[str
         for i in range(per):
             kv.compare_and_set(b"k%d-%d" % (t, i), value, value[::-1])
     out["cas"] = ops / _threads(threads, cas)
+
+    def batched(t):  # one atomic batch (one transaction) per 1000 keys
+        for i in range(0, per, BATCH):
+            kv.put_many([(b"b%d-%d" % (t, j), value) for j in range(i, min(per, i + BATCH))])
+    out["put_many"] = ops / _threads(threads, batched)
     return out
 
 
@@ -79,6 +88,14 @@ def bench_redis(port: int, ops: int, threads: int, value: bytes) -> dict[str, fl
                     p.set(key, value[::-1])
                     p.execute()
     out["cas"] = ops / _threads(threads, cas)
+
+    def batched(t):  # a pipeline of 1000 SETs (not atomic: MULTI would be)
+        for i in range(0, per, BATCH):
+            p = clients[t].pipeline(transaction=False)
+            for j in range(i, min(per, i + BATCH)):
+                p.set(b"b%d-%d" % (t, j), value)
+            p.execute()
+    out["put_many"] = ops / _threads(threads, batched)
     return out
 
 
@@ -122,7 +139,7 @@ def main() -> None:
                         for op, v in res.items():
                             key = (op, t, name)
                             rows[key] = max(rows.get(key, 0), v)
-                            print(f"  {name:8s} {op:4s} {t:2d} threads {v:10,.0f} ops/s", flush=True)
+                            print(f"  {name:8s} {op:8s} {t:2d} threads {v:10,.0f} ops/s", flush=True)
             big = os.urandom(args.big_mib << 20)
             t0 = time.perf_counter()
             kv.put(b"big", big)
@@ -144,11 +161,11 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\nvalues of {args.value_bytes} B, {args.ops} ops per phase; best of {args.repeats}; "
           f"load average after: {open('/proc/loadavg').read().strip()}")
-    print(f"{'op':4s} {'threads':>7s} {'threefs ops/s':>14s} {'redis ops/s':>12s} {'ratio':>6s}")
+    print(f"{'op':8s} {'threads':>7s} {'threefs ops/s':>14s} {'redis ops/s':>12s} {'ratio':>6s}")
     for (op, t, name) in sorted(rows):
         if name == "threefs":
             a, b = rows[(op, t, "threefs")], rows[(op, t, "redis")]
-            print(f"{op:4s} {t:7d} {a:14,.0f} {b:12,.0f} {a / b:6.2f}")
+            print(f"{op:8s} {t:7d} {a:14,.0f} {b:12,.0f} {a / b:6.2f}")
     mib = args.big_mib
     print(f"{mib} MiB value: threefs put {mib / t_put:,.0f} MiB/s get {mib / t_get:,.0f} MiB/s (R=3 on disk); "
           f"redis SET {mib / r_put:,.0f} MiB/s GET {mib / r_get:,.0f} MiB/s (memory)")
