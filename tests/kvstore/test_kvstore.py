@@ -154,6 +154,11 @@ def test_batches_are_atomic(fs, d):
     assert kv.get(b"c") is None
     versions = kv.put_many({b"m%d" % i: b"%d" % i for i in range(1000)})
     assert len(set(versions)) == 1 and kv.get_many([b"m0", b"m999"]) == [b"0", b"999"]
+    big = b"v" * 4000  # 250 replaced values of 4 KB (1 MB: past one frame, some go to blobs): the reply,
+    kv.put_many({b"m%d" % i: big for i in range(250)})  # kept for retries, carries none of them
+    assert kv.put_many({b"m%d" % i: big for i in range(250)})[0] > versions[0]
+    assert kv.get_many([b"m%d" % i for i in range(250)]) == [big] * 250
+    assert 0 < len(fs.listdir(f"{d}/s/.blobs")) < 250 - 150
 
 
 def test_permissions_of_the_store_directory_apply(fs, d):
@@ -251,3 +256,19 @@ def test_clear_and_drop(fs, d):
     assert not fs.exists(f"{d}/s") and keep.get(b"k1") == b"stays"
     again = KVStore.create(fs, f"{d}/s")  # a new directory: a new store, nothing of the old one
     assert list(again.keys()) == []
+
+
+def test_many_inline_values_span_several_replies(fs, d, rng):
+    """30 values of 60 KiB are 1.8 MB inline: more than one frame carries, so gets and scans come back in
+    several replies, and a batch of them spills some to blobs."""
+    kv = KVStore.create(fs, f"{d}/s")
+    values = {b"v%02d" % i: rng.randbytes(60 << 10) for i in range(30)}
+    for key, value in values.items():
+        kv.put(key, value)
+    assert fs.listdir(f"{d}/s/.blobs") == []  # each fits inline on its own
+    assert kv.get_many(list(values)) == list(values.values())
+    assert dict(kv.scan(b"v")) == values
+    kv.clear()
+    kv.put_many(values)  # together they do not fit one request: the batch spills some values to blobs
+    assert 0 < len(fs.listdir(f"{d}/s/.blobs")) < 30
+    assert kv.get_many(list(values)) == list(values.values())

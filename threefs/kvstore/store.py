@@ -192,8 +192,8 @@ class KVStore:
         """Remove `key`; True if it existed."""
         key = _key(key)
         rsp = self._write([kc.KvOp(kc.DELETE, key)])
-        self._drop_blobs(rsp.previous)
-        return rsp.previous[0] is not None
+        self._drop_blobs(rsp.replaced_blobs)
+        return rsp.existed[0]
 
     def __delitem__(self, key) -> None:
         if not self.delete(key):
@@ -207,7 +207,7 @@ class KVStore:
         if new is None:
             rsp = self._write([kc.KvOp(kc.DELETE, key, expect_digest=expect)])
             if rsp.ok:
-                self._drop_blobs(rsp.previous)
+                self._drop_blobs(rsp.replaced_blobs)
             return rsp.ok
         return self._write_one(key, new, kc.ANY_VERSION, expect) > 0
 
@@ -219,7 +219,7 @@ class KVStore:
         if new is None:
             rsp = self._write([kc.KvOp(kc.DELETE, key, expect_version=version)])
             if rsp.ok:
-                self._drop_blobs(rsp.previous)
+                self._drop_blobs(rsp.replaced_blobs)
             return rsp.ok
         return self._write_one(key, new, version, None) > 0
 
@@ -278,15 +278,16 @@ class KVStore:
         if not rsp.ok:
             self._drop_new_blob(op)
             return 0
-        self._drop_blobs(rsp.previous)
+        self._drop_blobs(rsp.replaced_blobs)
         return rsp.versions[0]
 
-    def _put_op(self, key: bytes, value):
-        """A PUT op; a large value (or a file object) is first written to a new blob file."""
+    def _put_op(self, key: bytes, value, inline_room: int = kc.BATCH_INLINE_BYTES_MAX):
+        """A PUT op; a large value (or a file object, or one past the batch's inline room) is first written
+        to a new blob file."""
         if hasattr(value, "read"):
             return self._put_stream(key, value)
         data = _bytes(value, "value")
-        if len(data) <= self.inline_bytes_max:
+        if len(data) <= min(self.inline_bytes_max, inline_room):
             return kc.KvOp(kc.PUT, key, bytes(data), length=len(data), digest=digest_of(data))
         name = uuid.uuid4().hex
         with self.fs.open(f"{self.blobs}/{name}", "xb") as f:
@@ -352,10 +353,10 @@ class KVStore:
         if op.blob:
             self._remove_blob(op.blob)
 
-    def _drop_blobs(self, previous: list) -> None:
-        for rec in previous:
-            if rec is not None and rec.blob:
-                self._remove_blob(rec.blob)
+    def _drop_blobs(self, names: list[str]) -> None:
+        for name in names:
+            if name:
+                self._remove_blob(name)
 
     def _remove_blob(self, name: str) -> None:
         try:
@@ -406,10 +407,17 @@ class WriteBatch:
             raise status_error(StatusCode.INVALID_ARGUMENT, f"a batch holds at most {kc.OPS_MAX} operations")
         s = self.store
         ops = []
+        key_bytes = sum(len(key) for _, key, _ in self.ops)
+        if key_bytes > kc.KEY_BYTES_PER_CALL_MAX:
+            raise status_error(StatusCode.INVALID_ARGUMENT, f"a batch's keys take {key_bytes} bytes, over "
+                               f"{kc.KEY_BYTES_PER_CALL_MAX}: split the batch")
+        room = kc.BATCH_INLINE_BYTES_MAX - 64 * len(self.ops) - key_bytes  # keys and framing share the frame
         try:
             for kind, key, arg in self.ops:
                 if kind == "put":
-                    ops.append(s._put_op(key, arg))
+                    op = s._put_op(key, arg, max(room, 0))
+                    room -= len(op.value)
+                    ops.append(op)
                 elif kind == "delete":
                     ops.append(kc.KvOp(kc.DELETE, key))
                 elif kind == "check_version":
@@ -426,7 +434,7 @@ class WriteBatch:
             for op in ops:
                 s._drop_new_blob(op)
             return False
-        s._drop_blobs([p for op, p in zip(ops, rsp.previous) if op.kind != kc.CHECK])
+        s._drop_blobs(rsp.replaced_blobs)
         self.versions = [v for op, v in zip(ops, rsp.versions) if op.kind != kc.CHECK]
         return True
 

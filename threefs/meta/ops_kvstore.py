@@ -64,9 +64,14 @@ async def get(tr: Transaction, req: k.KvGetReq, user: UserCred) -> list[k.KvReco
         check_key(key)
     prefix = _prefix(await store_dir(tr, req.path, user, R, snapshot=True))
     out = []
+    inline = 0
     for key in req.keys:
         raw = await tr.get(prefix + key, snapshot=True)
-        out.append(None if raw is None else _decode(raw))
+        rec = None if raw is None else _decode(raw)
+        inline += len(rec.value) if rec is not None else 0
+        if out and inline > k.REPLY_INLINE_BYTES_MAX:
+            break  # the reply must fit one frame header: the client asks for the rest
+        out.append(rec)
     return out
 
 
@@ -104,7 +109,7 @@ async def write(tr: Transaction, req: k.KvWriteReq, user: UserCred, now_ns: int)
         if len(req.ops) != 1:
             raise status_error(StatusCode.INVALID_ARGUMENT, "a clear is alone in its batch")
         tr.clear_range(prefix, schema.strinc(prefix))
-        return k.KvWriteRsp(True, -1, [0], [None])
+        return k.KvWriteRsp(True, -1, [0], [False], [""])
     current: dict[bytes, k.KvRecord | None] = {}
     for op in req.ops:
         if op.key not in current:
@@ -112,9 +117,11 @@ async def write(tr: Transaction, req: k.KvWriteReq, user: UserCred, now_ns: int)
             current[op.key] = None if raw is None else _decode(raw)
     previous = [current[op.key] for op in req.ops]
     versions = [rec.version if rec is not None else 0 for rec in previous]
+    existed = [rec is not None for rec in previous]
+    blobs = [rec.blob if rec is not None else "" for rec in previous]
     for i, (op, rec) in enumerate(zip(req.ops, previous)):
         if not _holds(op, rec):
-            return k.KvWriteRsp(False, i, versions, previous)
+            return k.KvWriteRsp(False, i, versions, existed, [""] * len(blobs))
     version = tr.read_version + 1
     for i, op in enumerate(req.ops):
         if op.kind == k.PUT:
@@ -123,7 +130,8 @@ async def write(tr: Transaction, req: k.KvWriteReq, user: UserCred, now_ns: int)
         elif op.kind == k.DELETE:
             tr.clear(prefix + op.key)
             versions[i] = 0
-    return k.KvWriteRsp(True, -1, versions, previous)
+    return k.KvWriteRsp(True, -1, versions, existed,
+                        [b if op.kind != k.CHECK else "" for op, b in zip(req.ops, blobs)])
 
 
 def _holds(op: k.KvOp, rec: k.KvRecord | None) -> bool:
@@ -147,5 +155,13 @@ async def scan(tr: Transaction, req: k.KvScanReq, user: UserCred) -> k.KvScanRsp
         begin = max(begin, base + req.start_after + b"\x00")
     rows = await tr.get_range(begin, end, limit=req.limit + 1, snapshot=True) if begin < end else []
     more = len(rows) > req.limit
-    rows = rows[:req.limit]
-    return k.KvScanRsp([key[len(base):] for key, _ in rows], [_decode(v) for _, v in rows], more)
+    keys, records, inline = [], [], 0
+    for key, raw in rows[:req.limit]:
+        rec = _decode(raw)
+        inline += len(rec.value)
+        if records and inline > k.REPLY_INLINE_BYTES_MAX:  # the reply must fit one frame header
+            more = True
+            break
+        keys.append(key[len(base):])
+        records.append(rec)
+    return k.KvScanRsp(keys, records, more)

@@ -18,7 +18,11 @@ from threefs.rpc.schemas.meta import UserCred
 KEY_BYTES_MAX = 4096
 INLINE_BYTES_MAX = 64 << 10
 OPS_MAX = 1000  # operations in one atomic write batch (and keys in one get)
-BATCH_INLINE_BYTES_MAX = 4 << 20  # inline bytes in one batch (the KV transaction stays small)
+# Inline bytes in one request or reply: values travel in the msgpack header of a frame, whose limit is
+# limits.FRAME_HEADER_BYTES_MAX (1 MiB). The client spills a batch's further values to blobs past it; gets
+# and scans return fewer records (the client asks again for the rest).
+BATCH_INLINE_BYTES_MAX = 768 << 10
+REPLY_INLINE_BYTES_MAX = 768 << 10
 SCAN_LIMIT_MAX = 1000
 
 PUT, DELETE, CHECK, CLEAR = 1, 2, 3, 4  # CLEAR: every key of the store (alone in its batch)
@@ -52,7 +56,7 @@ class KvGetReq(msgspec.Struct):
 
 
 class KvGetRsp(msgspec.Struct):
-    records: list[KvRecord | None]
+    records: list[KvRecord | None]  # for the first len(records) keys (>= 1): ask again for the rest
 
 
 class KvWriteReq(msgspec.Struct):
@@ -66,7 +70,9 @@ class KvWriteRsp(msgspec.Struct):
     ok: bool  # False: a condition failed (`failed` is its index) and nothing was written
     failed: int
     versions: list[int]  # per op: the new version (PUT), 0 (DELETE), the current one (CHECK / failed)
-    previous: list[KvRecord | None]  # per op: the record before (so the client can remove replaced blobs)
+    existed: list[bool]  # per op: whether the key existed before
+    replaced_blobs: list[str]  # per op: the blob file the record named before ("" if none), so the client
+    # can remove it. No values: the reply is kept as an idempotency record, and must stay small.
 
 
 class KvScanReq(msgspec.Struct):
