@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the system packages the FUSE mount needs (fuse3 for fusermount3; libfuse3-dev and pkg-config to
-# build pyfuse3). Idempotent: does nothing when they are present. Needs root (CI and dev machines are);
+# build pyfuse3), and redis-server (the baseline of benchmarks/queue.py and benchmarks/kvstore.py).
+# Idempotent: does nothing when they are present. Needs root (CI and dev machines are);
 # without root it says what to install and carries on, and the FUSE tests skip with that reason.
 # Called by scripts/test.sh and scripts/up.sh before scripts/setup-venv.sh.
 set -euo pipefail
@@ -8,6 +9,7 @@ missing=()
 command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
 dpkg -s libfuse3-dev >/dev/null 2>&1 || missing+=(libfuse3-dev)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)  # the queue/kvstore benchmarks' baseline
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

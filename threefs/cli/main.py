@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     from threefs.cli.ffrecord_cmd import add_ffrecord_parser
 
     add_ffrecord_parser(sub)
+    from threefs.cli.queue_cmd import add_queue_parser
+
+    add_queue_parser(sub)
     return p
 
 

@@ -52,6 +52,7 @@ IDEM_PREFIX = b"IDEM"
 GC_PREFIX = b"GCQU"
 INODE_COUNTER_KEY = b"IALC"
 CHAIN_COUNTER_PREFIX = b"CALC"
+KVSTORE_PREFIX = b"KVST"  # [kvstore] threefs.kvstore records: + store dir inode (8 B BE) + key (ops_kvstore)
 
 _LE64 = struct.Struct("<Q")
 _BE64 = struct.Struct(">Q")

@@ -25,6 +25,7 @@ from threefs.meta.background import ClientSessions, GcWorker
 from threefs.meta.data import DataOps, meta_owner
 from threefs.meta.ops_attr import Changes, LengthUpdate
 from threefs.meta.ops_create import Replan
+from threefs.meta.service_kvstore import KvstoreRpcs
 from threefs.meta.store import DEFAULT_TABLE_ID, Caller, MetaStore, check_client_id
 from threefs.meta.users import acting_user
 from threefs.rpc.schemas import meta as m
@@ -37,7 +38,7 @@ TRUNCATE_ROUNDS_MAX = 8  # remove-then-commit attempts while other truncates kee
 NO_FILE = (-1, -1)  # an O_TRUNC plan for a path that named no file
 
 
-class MetaService:
+class MetaService(KvstoreRpcs):
     def __init__(self, config: ServiceConfig, kv, mgmtd: MgmtdClient, storage: StorageClient):
         self.config = config
         self.mgmtd = mgmtd
