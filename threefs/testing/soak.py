@@ -134,17 +134,22 @@ class Soak:
         """Flip one byte of a random chunk file (a committed version on one replica's disk)."""
         files = [p for p in (self.work / "data").rglob("*") if p.is_file() and p.parent.parent.name == "data"
                  and p.stat().st_size > 0]
-        if not files:
-            return "nothing (no chunk files yet)"
-        victim = self.rng.choice(files)
-        with open(victim, "r+b") as f:
-            size = os.fstat(f.fileno()).st_size
-            pos = self.rng.randrange(size)
-            f.seek(pos)
-            byte = f.read(1)
-            f.seek(pos)
-            f.write(bytes([byte[0] ^ 0xFF]))
-        return f"{victim.relative_to(self.work)} at {pos}"
+        self.rng.shuffle(files)
+        for victim in files:  # a chunk file may be replaced or removed between the listing and here
+            try:
+                with open(victim, "r+b") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    if not size:
+                        continue
+                    pos = self.rng.randrange(size)
+                    f.seek(pos)
+                    byte = f.read(1)
+                    f.seek(pos)
+                    f.write(bytes([byte[0] ^ 0xFF]))
+            except FileNotFoundError:
+                continue
+            return f"{victim.relative_to(self.work)} at {pos}"
+        return "nothing (no chunk files yet)"
 
     def heal(self) -> None:
         for host in list(self.lab.hosts):
