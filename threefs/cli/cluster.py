@@ -247,6 +247,8 @@ class LocalCluster:
                     if any(n.hb_version == 0 for n in metas):  # heartbeats start once a meta is fully up
                         raise status_error(StatusCode.UNAVAILABLE, "meta services still starting")
                     await aio.stat("/")
+                    if spec.kvcache:  # kvcache-1 publishes its address once it serves
+                        await aio.stat("/.kvcache/service.json")
                     return
                 except ThreeFSError as e:
                     last = e
