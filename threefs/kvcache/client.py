@@ -97,7 +97,7 @@ class MetaConnection:
         try:
             info = json.loads(self.fs.read_bytes(SERVICE_FILE))
         except FileNotFoundError:
-            raise status_error(StatusCode.UNAVAILABLE, f"no kvcache service in this cluster ({SERVICE_FILE} "
+            raise status_error(StatusCode.NOT_FOUND, f"no kvcache service in this cluster ({SERVICE_FILE} "
                                "missing): `threefs up` starts one (kvcache-1)") from None
         return info["addr"]
 
@@ -174,6 +174,7 @@ class KVCache:
         info = self._meta.call("open", {"root": self.root, "page_bytes": page_bytes, "capacity_bytes": capacity_bytes,
                                         "ttl_s": ttl_s, "cap": self._cap})
         self.cache_id = info["cache"]
+        self.lease_s = float(info.get("lease_s", 120.0))
         self.page_bytes = info["page_bytes"]
         self.slots = info["slots"]
         self.capacity_bytes = self.slots * self.page_bytes
@@ -350,9 +351,15 @@ class KVCache:
             n += self._call("remove", keys=list(keys[i:i + BATCH_KEYS_MAX]))
         return n
 
-    def clear(self) -> int:
-        """Remove every entry (the files stay, their space is reused)."""
-        return self._call("clear")
+    def clear(self, drop: bool = False) -> int:
+        """Remove every entry (the files stay, their space is reused). drop=True also forgets the cache in
+        the service (its page size and capacity; the next open makes it anew) and removes the data files."""
+        n = self._call("clear", drop=drop)
+        if drop:
+            for name in self.fs.listdir(self.root):
+                if name.startswith("data-") or name in (CAP_READ, CAP_WRITE):
+                    self.fs.remove(f"{self.root}/{name}")
+        return n
 
     def stats(self) -> dict:
         """The service's figures for this cache (pages, used/capacity bytes, hit rate, evictions, ...) and this

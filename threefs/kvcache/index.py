@@ -73,6 +73,7 @@ class CacheIndex:
     counters: Counters = field(default_factory=Counters)
     journal: list = field(default_factory=list)  # ("put", key, Entry) | ("del", key) | ("res", slot, R) | ("unres", slot)
     dirty_atime: set = field(default_factory=set)
+    used_bytes: int = 0  # sum of the committed pages' lengths
 
     def __post_init__(self) -> None:
         assert self.slots > 0 and self.page_bytes > 0
@@ -149,7 +150,8 @@ class CacheIndex:
         for key, slot, gen, length, crc in items:
             r = self.reserved.get(slot)
             if r is None or r.gen != gen or r.key != key:
-                out.append(False)
+                e = self.entries.get(key)  # a retried commit (the answer to the first one was lost)
+                out.append(e is not None and e.slot == slot and e.gen == gen)
                 continue
             self._unreserve(slot)
             if key in self.entries:  # committed by someone else meanwhile: keep theirs
@@ -160,6 +162,7 @@ class CacheIndex:
                 self._free_slot(slot)
                 raise status_error(StatusCode.INVALID_ARGUMENT, f"committed length {length} out of range")
             e = self.entries[key] = Entry(slot, length, crc & 0xFFFFFFFF, gen, now)
+            self.used_bytes += length
             self.journal.append(("put", key, e))
             self.counters.puts += 1
             out.append(True)
@@ -229,7 +232,7 @@ class CacheIndex:
         lookups = c.get_hits + c.get_misses
         return {"root": self.root, "cache_id": self.cache_id, "page_bytes": self.page_bytes,
                 "capacity_bytes": self.slots * self.page_bytes, "slots": self.slots,
-                "pages": len(self.entries), "used_bytes": sum(e.length for e in self.entries.values()),
+                "pages": len(self.entries), "used_bytes": self.used_bytes,
                 "reserved": len(self.reserved), "ttl_s": self.ttl_s,
                 "hit_rate": c.get_hits / lookups if lookups else 0.0, **c.__dict__}
 
@@ -252,6 +255,7 @@ class CacheIndex:
 
     def _drop(self, key: bytes, e: Entry) -> None:
         del self.entries[key]
+        self.used_bytes -= e.length
         self.dirty_atime.discard(key)
         self.journal.append(("del", key))
         self._free_slot(e.slot)

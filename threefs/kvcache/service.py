@@ -34,10 +34,13 @@ log = logging.getLogger("threefs.kvcache")
 
 SERVICE_DIR = "/.kvcache"
 SERVICE_FILE = "/.kvcache/service.json"
-LEASE_S_DEFAULT = 30.0  # a reservation not committed by then frees its slot (the client died)
+# A reservation not committed by then frees its slot (the client died). Clients stop writing a batch whose
+# reservation is older than half of it, and their storage calls time out well before (30 s).
+LEASE_S_DEFAULT = 120.0
 FLUSH_INTERVAL_S = 1.0
 CONNECTIONS_MAX = 1024
 SLOTS_MAX = 1 << 32
+PAGE_BYTES_MAX = 64 << 20  # a page is one chunk of the data files
 
 _SCHEMA = """
 create table if not exists caches(cache_id integer primary key, root text unique not null,
@@ -74,6 +77,7 @@ class IndexStore:
                     "select key, slot, length, crc, gen, atime from entries where cache_id=? order by atime, gen",
                     (cid,)):
                 idx.entries[bytes(key)] = Entry(slot, length, crc, gen, atime)
+                idx.used_bytes += length
                 used.add(slot)
             for slot, key, gen, deadline in self.db.execute(
                     "select slot, key, gen, deadline from reservations where cache_id=?", (cid,)):
@@ -182,6 +186,9 @@ class KVCacheService:
                                "not match the cache's (.cap-read/.cap-write in the root)")
         idx = self.by_root.get(root)
         if idx is None:
+            if not 0 < page_bytes <= PAGE_BYTES_MAX:
+                raise status_error(StatusCode.INVALID_ARGUMENT, f"page_bytes {page_bytes} must be in "
+                                   f"1..{PAGE_BYTES_MAX} to create kvcache {root}")
             if access != "rw":
                 raise status_error(StatusCode.NOT_FOUND, f"no kvcache at {root} (a writer creates it)")
             slots = capacity // page_bytes
@@ -199,7 +206,7 @@ class KVCacheService:
                                f"drop it (`threefs kvcache clear --drop {root}`)")
         self.caps[idx.cache_id] = (read_cap, write_cap)
         return {"cache": idx.cache_id, "page_bytes": idx.page_bytes, "slots": idx.slots, "access": access,
-                "ttl_s": idx.ttl_s}
+                "ttl_s": idx.ttl_s, "lease_s": self.lease_s}
 
     # -- operations ------------------------------------------------------------------------------
     def op_lookup(self, args: dict):
@@ -293,6 +300,9 @@ async def _serve_connection(svc: KVCacheService, reader: asyncio.StreamReader, w
                 frame = protocol.encode([rid, int(exc.code), exc.message])
             except (KeyError, TypeError, ValueError) as exc:
                 frame = protocol.encode([rid, int(StatusCode.INVALID_ARGUMENT), f"bad {op} request: {exc!r}"])
+            except Exception as exc:  # a bug or a sick disk: answer, log, keep serving the others
+                log.exception("kvcache %s failed", op)
+                frame = protocol.encode([rid, int(StatusCode.INTERNAL), f"kvcache {op} failed: {exc!r}"])
             writer.write(frame)
             await writer.drain()
     except (ConnectionError, asyncio.IncompleteReadError):
