@@ -217,3 +217,20 @@ def test_threefs_permissions_decide_who_reads_and_writes(fs, cluster, d, rng):
     finally:
         alice.close()
         bob.close()
+
+
+def test_a_page_overwritten_under_its_entry_reads_as_a_miss(fs, d, rng):
+    """What a writer stalled past its lease could do: bytes of another writer land in a published slot. The
+    reader's crc32c check turns that into a miss and drops the entry; it never returns wrong bytes."""
+    cache = KVCache(fs, f"{d}/c", page_bytes=PAGE, capacity_bytes=64 * PAGE)
+    keys, data = [b"p%d" % i for i in range(40)], pages(rng, 40)
+    assert cache.batch_put(keys, data) == [True] * 40
+    (slot, length, _, _), = cache._call("lookup", keys=[keys[7]], touch=False, count="none")
+    attr, offset = cache._where(slot)
+    fs.batch_write([(attr, offset, rng.randbytes(length))])
+    out = [bytearray(PAGE) for _ in keys]
+    got = cache.batch_get_into(keys, out)  # 40 pages: read in parts from threads, each part checked
+    assert got[7] == -1 and all(g == PAGE for i, g in enumerate(got) if i != 7)
+    assert all(bytes(out[i]) == data[i] for i in range(40) if i != 7)
+    s = cache.stats()
+    assert s["corrupt"] == 1 and s["client"]["crc_mismatches"] == 1 and cache.batch_exists([keys[7]]) == 0

@@ -44,9 +44,9 @@ CAPACITY_BYTES_DEFAULT = 16 << 30
 STRIDE_BYTES_MIN = 4 << 10
 STRIDE_BYTES_MAX = 64 << 20
 TIMEOUT_S_DEFAULT = 30.0
-SMALL_IO_BYTES = 128 << 10  # below this the client's batch_read packs IOs into one request per service
-READ_PART_IOS = 16  # small-page reads: batch_read calls in flight together, and IOs per call at least
+READ_PART_IOS = 16  # pages per batch_read call of a get, at least
 READ_PARTS_MAX = 4
+_READ_OK, _READ_FAILED, _CRC_MISMATCH = 0, 1, 2
 
 
 def stride_of(page_bytes: int) -> int:
@@ -321,33 +321,46 @@ class KVCache:
             hits.append((i, length, crc, gen))
         if not items:
             return out
-        results = self._batch_read(items)
+        verdicts = self._read_checked(items, [h[2] for h in hits])
         bad = []
-        for (i, length, crc, gen), r in zip(hits, results):
-            if isinstance(r, BaseException) or r != length:
+        for (i, length, crc, gen), verdict in zip(hits, verdicts):
+            if verdict == _READ_FAILED:
                 self.counters["read_errors"] += 1
-                continue
-            if self.verify and crc32c.crc32c(views[i][:length]) != crc:
+            elif verdict == _CRC_MISMATCH:
                 self.counters["crc_mismatches"] += 1
                 bad.append((keys[i], gen))
-                continue
-            out[i] = length
-            self.counters["bytes_read"] += length
+            else:
+                out[i] = length
+                self.counters["bytes_read"] += length
         if bad:
             self._call("invalidate", items=bad)
         return out
 
-    def _batch_read(self, items: list) -> list:
-        """One batch_read, or for small pages several at once: a call's small IOs (< 128 KiB) share requests
-        to one storage service, so a big batch of them would keep only one service busy."""
-        if self.stride >= SMALL_IO_BYTES or len(items) <= READ_PART_IOS:
-            return self.fs.batch_read(items, raise_on_error=False)
+    def _read_part(self, items: list, crcs: list[int]) -> list[int]:
+        """batch_read of (attr, offset, length, view) items, then each page's crc32c: a verdict per item."""
+        results = self.fs.batch_read(items, raise_on_error=False)
+        out = []
+        for (_, _, length, view), r, crc in zip(items, results, crcs):
+            if isinstance(r, BaseException) or r != length:
+                out.append(_READ_FAILED)
+            elif self.verify and crc32c.crc32c(view[:length]) != crc:
+                out.append(_CRC_MISMATCH)
+            else:
+                out.append(_READ_OK)
+        return out
+
+    def _read_checked(self, items: list, crcs: list[int]) -> list[int]:
+        """Reads of a big batch go out as up to READ_PARTS_MAX batch_read calls at once, from threads: the
+        checksums of one part (crc32c releases the GIL) overlap the receiving of the others, and a call's small
+        IOs (< 128 KiB) share requests to one storage service, so one call would keep one service busy."""
+        if len(items) <= READ_PART_IOS:
+            return self._read_part(items, crcs)
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(READ_PARTS_MAX, thread_name_prefix="kvcache-read")
         step = max(READ_PART_IOS, -(-len(items) // READ_PARTS_MAX))
-        parts = [items[i:i + step] for i in range(0, len(items), step)]
-        futures = [self._pool.submit(self.fs.batch_read, part, raise_on_error=False) for part in parts]
-        return [r for f in futures for r in f.result()]
+        futures = [self._pool.submit(self._read_part, items[i:i + step], crcs[i:i + step])
+                   for i in range(0, len(items), step)]
+        return [v for f in futures for v in f.result()]
 
     def batch_exists(self, keys: list[bytes]) -> int:
         """How many keys from the start are in the cache (the cached prefix, in pages)."""
