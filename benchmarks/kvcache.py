@@ -188,21 +188,41 @@ def bench_page(page: int, a, conf: str, redis_port: int, rows: list) -> None:
         rows.append((page, op, c, system, r))
 
 
-def meta_rate(conf: str) -> None:
-    """Lookups per second of the kvcache service (batches of 64 keys, one client)."""
+def _meta_worker(conf, seconds, start_at, out):
     from threefs.client.client import Client
     from threefs.kvcache import KVCache
 
     with Client.connect(conf) as fs:
         cache = KVCache(fs, "/bench/meta", page_bytes=4096, capacity_bytes=1 << 30)
         keys = [key_of(i) for i in range(64)]
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < 2.0:
+        cache.batch_put(keys[:32], [b"x"] * 32)
+        while time.monotonic() < start_at:
+            time.sleep(0.001)
+        t0, lat = time.monotonic(), []
+        while time.monotonic() - t0 < seconds:
+            t = time.perf_counter()
             cache.batch_exists(keys)
-            n += 1
-        dt = time.perf_counter() - t0
-        print(f"\nkvcache service: {n / dt:.0f} lookups of 64 keys per second from one client "
-              f"({n * 64 / dt:.0f} keys/s; {dt / n * 1e6:.0f} us per round trip)")
+            lat.append(time.perf_counter() - t)
+        out.put((t0, time.monotonic(), len(lat), lat, 0))
+
+
+def meta_rate(conf: str, clients: list[int]) -> None:
+    """Batched lookups per second of the kvcache service (64 keys each), from 1 and N client processes."""
+    for c in clients:
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        start_at = time.monotonic() + 3.0 + c
+        procs = [ctx.Process(target=_meta_worker, args=(conf, 2.0, start_at, out)) for _ in range(c)]
+        for p in procs:
+            p.start()
+        res = [out.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(60)
+        wall = max(r[1] for r in res) - min(r[0] for r in res)
+        n = sum(r[2] for r in res)
+        lat = np.array([x for r in res for x in r[3]]) * 1e6
+        print(f"kvcache service, {c} client(s): {n / wall:.0f} lookups of 64 keys/s ({n * 64 / wall:.0f} keys/s), "
+              f"p50 {np.percentile(lat, 50):.0f} us, p99 {np.percentile(lat, 99):.0f} us")
 
 
 def main() -> None:
@@ -215,6 +235,7 @@ def main() -> None:
     p.add_argument("--get-batches", type=int, default=12)
     p.add_argument("--storage", type=int, default=3)
     p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--meta-only", action="store_true", help="only the kvcache service's lookup rate")
     a = p.parse_args()
     a.clients = [int(x) for x in a.clients.split(",")]
     print(f"load average at start: {open('/proc/loadavg').read().strip()}")
@@ -225,9 +246,10 @@ def main() -> None:
             with local_cluster(tmp, a.storage, a.replicas, fuse=False) as (cluster, _):
                 conf = str(cluster.client_config_path)
                 print(f"threefs: {a.storage} storage processes, {a.replicas} replica(s); Redis on 127.0.0.1:{rport}")
-                for kib in (int(x) for x in a.pages_kib.split(",")):
+                for kib in (int(x) for x in a.pages_kib.split(",")) if not a.meta_only else ():
                     bench_page(kib * KiB, a, conf, rport, rows)
-                meta_rate(conf)
+                print()
+                meta_rate(conf, a.clients)
         finally:
             rproc.kill()
             rproc.wait(10)
