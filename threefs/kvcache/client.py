@@ -280,7 +280,10 @@ class KVCache:
         for i, slot, _ in todo:
             attr, offset = self._where(slot)
             items.append((attr, offset, views[i]))
-        results = self.fs.batch_write(items, raise_on_error=False)
+        try:
+            results = self.fs.batch_write(items, raise_on_error=False)
+        except ThreeFSError as exc:  # the whole call failed (publishing the lengths): nothing is committed
+            results = [exc] * len(items)
         commits, aborts, committed_at = [], [], []
         for (i, slot, gen), r in zip(todo, results):
             if isinstance(r, BaseException) or r != len(views[i]):
@@ -338,7 +341,10 @@ class KVCache:
 
     def _read_part(self, items: list, crcs: list[int]) -> list[int]:
         """batch_read of (attr, offset, length, view) items, then each page's crc32c: a verdict per item."""
-        results = self.fs.batch_read(items, raise_on_error=False)
+        try:
+            results = self.fs.batch_read(items, raise_on_error=False)
+        except ThreeFSError as exc:  # the whole call failed: every page of it is a miss
+            results = [exc] * len(items)
         out = []
         for (_, _, length, view), r, crc in zip(items, results, crcs):
             if isinstance(r, BaseException) or r != length:
