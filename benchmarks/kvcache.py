@@ -97,17 +97,30 @@ def _redis_worker(port, page, batch, op, keys, start_at, out):
     r.close()
 
 
+def _guarded(target, *args):
+    """Run a worker; a failure is reported through the queue (the parent must never wait for nothing)."""
+    out = args[-1]
+    try:
+        target(*args)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which stops the run
+        out.put(("error", f"{target.__name__}: {exc!r}"))
+        raise
+
+
 def run(target, args_of, clients: int) -> dict:
     """Start `clients` processes, let them set up, start them together; aggregate their figures."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     start_at = time.monotonic() + 3.0 + clients  # after imports, connects and cache opens
-    procs = [ctx.Process(target=target, args=(*args_of(c), start_at, out)) for c in range(clients)]
+    procs = [ctx.Process(target=_guarded, args=(target, *args_of(c), start_at, out)) for c in range(clients)]
     for p in procs:
         p.start()
     results = [out.get(timeout=600) for _ in procs]
     for p in procs:
         p.join(60)
+    errors = [r[1] for r in results if r[0] == "error"]
+    if errors:
+        raise SystemExit(f"a client failed: {errors[0]}")
     t0, t1 = min(r[0] for r in results), max(r[1] for r in results)
     lat = np.array([x for r in results for x in r[3]])
     return {"gbps": sum(r[2] for r in results) / (t1 - t0) / 1e9, "p50": np.percentile(lat, 50) * 1e3,
@@ -212,12 +225,14 @@ def meta_rate(conf: str, clients: list[int]) -> None:
         ctx = mp.get_context("spawn")
         out = ctx.Queue()
         start_at = time.monotonic() + 3.0 + c
-        procs = [ctx.Process(target=_meta_worker, args=(conf, 2.0, start_at, out)) for _ in range(c)]
+        procs = [ctx.Process(target=_guarded, args=(_meta_worker, conf, 2.0, start_at, out)) for _ in range(c)]
         for p in procs:
             p.start()
         res = [out.get(timeout=120) for _ in procs]
         for p in procs:
             p.join(60)
+        if any(r[0] == "error" for r in res):
+            raise SystemExit(f"a client failed: {[r[1] for r in res if r[0] == 'error'][0]}")
         wall = max(r[1] for r in res) - min(r[0] for r in res)
         n = sum(r[2] for r in res)
         lat = np.array([x for r in res for x in r[3]]) * 1e6
@@ -238,6 +253,10 @@ def main() -> None:
     p.add_argument("--meta-only", action="store_true", help="only the kvcache service's lookup rate")
     a = p.parse_args()
     a.clients = [int(x) for x in a.clients.split(",")]
+    biggest = max(int(x) for x in a.pages_kib.split(",")) * KiB * a.batch
+    if a.redis_mib * MiB < 4 * biggest:  # an MSET's query buffer counts against maxmemory: Redis refuses it
+        raise SystemExit(f"--redis-mib {a.redis_mib} is too small for batches of {biggest // MiB} MiB "
+                         f"(Redis answers OOM); give it at least {4 * biggest // MiB}")
     print(f"load average at start: {open('/proc/loadavg').read().strip()}")
     rows: list = []
     with tempfile.TemporaryDirectory(prefix="kvbench-") as tmp:
