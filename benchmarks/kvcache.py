@@ -11,7 +11,8 @@ threefs: a local cluster (`threefs up`'s shape: STORAGE storage processes, R rep
 For each page size: puts (the fill, 1 client; then C clients on the full cache, evicting), gets of random
 batches of present keys (C clients, each its own process, `--get-batches` batches each). threefs reads land
 in the caller's preallocated buffers and are crc-checked; Redis's MGET results are left where hiredis put
-them (no copy: Redis's advantage). GB/s = 10^9 B/s over the wall time of all clients; p50/p99 per batch.
+them (no copy: Redis's advantage). GB/s = 10^9 B/s of pages stored or found (misses move no bytes) over the wall time of all clients; p50/p99
+per batch.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _threefs_worker(conf, root, page, batch, op, keys, start_at, out):
                 got = cache.batch_get_into(ks, bufs[:len(ks)])
                 bad += sum(1 for g in got if g != page)
             lat.append(time.perf_counter() - t)
-            nbytes += len(ks) * page
+            nbytes += len(ks) * page if op == "put" else sum(g for g in got if g > 0)  # hits only
         out.put((t0, time.monotonic(), nbytes, lat, bad))
         cache.close()
 
@@ -92,7 +93,7 @@ def _redis_worker(port, page, batch, op, keys, start_at, out):
             got = r.mget(ks)
             bad += sum(1 for g in got if g is None or len(g) != page)
         lat.append(time.perf_counter() - t)
-        nbytes += len(ks) * page
+        nbytes += len(ks) * page if op == "put" else sum(len(g) for g in got if g is not None)  # hits only
     out.put((t0, time.monotonic(), nbytes, lat, bad))
     r.close()
 
