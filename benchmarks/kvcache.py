@@ -5,7 +5,7 @@
                                            [--storage 3] [--replicas 3]
 
 Redis: Debian's redis-server, started here on a loopback port with `--maxmemory REDIS_MIB` (allkeys-lru,
-no persistence); clients: redis-py + hiredis, one pipeline per batch (MSET of BATCH pages / MGET of BATCH keys).
+no persistence); clients: redis-py + hiredis, one pipeline per batch (MSETs of at most 8 MiB of its pages / one MGET of its keys).
 threefs: a local cluster (`threefs up`'s shape: STORAGE storage processes, R replicas) and one KVCache of
 `cache-ratio` x REDIS_MIB, filled completely, so it holds that many times the RAM Redis was given.
 For each page size: puts (the fill, 1 client; then C clients on the full cache, evicting), gets of random
@@ -35,6 +35,7 @@ from threefs.common.net import free_port  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 DISTINCT_PAGES = 16  # page contents cycled through (random bytes; every key has one)
+MSET_BYTES_MAX = 8 << 20
 
 
 def page_pool(page_bytes: int, seed: int) -> list[bytes]:
@@ -87,8 +88,12 @@ def _redis_worker(port, page, batch, op, keys, start_at, out):
     for b in keys:
         ks = [key_of(i) for i in b]
         t = time.perf_counter()
-        if op == "put":
-            r.mset({k: pool[i % DISTINCT_PAGES] for k, i in zip(ks, b)})
+        if op == "put":  # one pipeline; MSETs of <= 8 MiB (a 64 MiB MSET's query buffer alone can exceed
+            pipe = r.pipeline(transaction=False)  # maxmemory, and Redis answers OOM)
+            step = max(1, MSET_BYTES_MAX // page)
+            for j in range(0, len(ks), step):
+                pipe.mset({k: pool[i % DISTINCT_PAGES] for k, i in zip(ks[j:j + step], b[j:j + step])})
+            pipe.execute()
         else:
             got = r.mget(ks)
             bad += sum(1 for g in got if g is None or len(g) != page)
@@ -254,10 +259,9 @@ def main() -> None:
     p.add_argument("--meta-only", action="store_true", help="only the kvcache service's lookup rate")
     a = p.parse_args()
     a.clients = [int(x) for x in a.clients.split(",")]
-    biggest = max(int(x) for x in a.pages_kib.split(",")) * KiB * a.batch
-    if a.redis_mib * MiB < 4 * biggest:  # an MSET's query buffer counts against maxmemory: Redis refuses it
-        raise SystemExit(f"--redis-mib {a.redis_mib} is too small for batches of {biggest // MiB} MiB "
-                         f"(Redis answers OOM); give it at least {4 * biggest // MiB}")
+    if a.redis_mib * MiB < 8 * MSET_BYTES_MAX * max(a.clients):  # query buffers count against maxmemory
+        raise SystemExit(f"--redis-mib {a.redis_mib} is too small for {max(a.clients)} clients' MSETs of "
+                         f"{MSET_BYTES_MAX // MiB} MiB (Redis answers OOM)")
     print(f"load average at start: {open('/proc/loadavg').read().strip()}")
     rows: list = []
     with tempfile.TemporaryDirectory(prefix="kvbench-") as tmp:
