@@ -54,6 +54,34 @@ create table if not exists reservations(cache_id integer not null, slot integer 
 """
 
 
+_SQL = {
+    "put": "insert or replace into entries values (?,?,?,?,?,?,?)",
+    "del": "delete from entries where cache_id=? and key=?",
+    "res": "insert or replace into reservations values (?,?,?,?,?)",
+    "unres": "delete from reservations where cache_id=? and slot=?",
+}
+
+
+def _row(cid: int, op: tuple) -> tuple:
+    if op[0] == "put":
+        e = op[2]
+        return (cid, op[1], e.slot, e.length, e.crc, e.gen, e.atime)
+    if op[0] == "res":
+        r = op[2]
+        return (cid, op[1], r.key, r.gen, r.deadline)
+    return (cid, op[1])
+
+
+def _runs(cid: int, journal: list) -> list[tuple[str, list[tuple]]]:
+    """The journal as runs of one kind of change, in order (a delete and a later put of a key stay ordered)."""
+    runs: list[tuple[str, list[tuple]]] = []
+    for op in journal:
+        if not runs or runs[-1][0] != op[0]:
+            runs.append((op[0], []))
+        runs[-1][1].append(_row(cid, op))
+    return runs
+
+
 class IndexStore:
     """The SQLite file behind the indexes (one writer: the service's event loop thread)."""
 
@@ -105,19 +133,8 @@ class IndexStore:
         db = self.db
         db.execute("begin")
         try:
-            for op in journal:
-                if op[0] == "put":
-                    e = op[2]
-                    db.execute("insert or replace into entries values (?,?,?,?,?,?,?)",
-                               (cid, op[1], e.slot, e.length, e.crc, e.gen, e.atime))
-                elif op[0] == "del":
-                    db.execute("delete from entries where cache_id=? and key=?", (cid, op[1]))
-                elif op[0] == "res":
-                    r = op[2]
-                    db.execute("insert or replace into reservations values (?,?,?,?,?)",
-                               (cid, op[1], r.key, r.gen, r.deadline))
-                else:
-                    db.execute("delete from reservations where cache_id=? and slot=?", (cid, op[1]))
+            for kind, rows in _runs(cid, journal):  # consecutive changes of one kind: one executemany
+                db.executemany(_SQL[kind], rows)
             if dirty:
                 db.executemany("update entries set atime=? where cache_id=? and key=?",
                                [(idx.entries[k].atime, cid, k) for k in dirty if k in idx.entries])
