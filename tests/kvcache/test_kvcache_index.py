@@ -73,3 +73,18 @@ def test_store_reloads_entries_reservations_and_lru_order(tmp_path):
     assert again.commit([(b"p", pending[1], pending[2], 16, 9)], 7.0) == [True]
     slots = {e.slot for e in again.entries.values()}
     assert len(slots) == 4 and again.hwm == 4
+
+
+def test_store_keeps_the_order_of_a_delete_and_a_later_put_of_one_key(tmp_path):
+    db = str(tmp_path / "index.db")
+    store = IndexStore(db)
+    idx = CacheIndex(store.create("/c", 16, 2, 0.0), "/c", 16, 2, evict_batch=1)
+    assert put(idx, [b"a", b"b"]) == [True, True]
+    idx.remove([b"a"])
+    assert put(idx, [b"a"], 1.0) == [True]  # one journal: del a, res, unres, put a
+    assert put(idx, [b"c"], 2.0) == [True]  # evicts b (least recently used)
+    store.persist(idx)
+    store.close()
+    again = IndexStore(db).load()[0]
+    assert list(again.entries) == [b"a", b"c"] and again.used_bytes == 20
+    assert sorted(e.slot for e in again.entries.values()) == [0, 1] and list(again.free) == []
