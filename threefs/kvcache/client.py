@@ -11,9 +11,10 @@
     cache.batch_put(keys[hits:], pages)                   # [True, ...]: stored (or already there)
 
 Data part: the pages live in large files in the cache root (`data-NNNN`), page `slot` at
-`(slot % slots_per_file) * stride` with `stride` = the page size rounded up to a power of two (= the files'
-chunk size, so a page is exactly one chunk: one storage IO, written whole, never copy-on-write). Pages move
-with threefs batch IO straight between storage and the caller's buffers.
+`(slot % slots_per_file) * stride` with `stride` = the page size rounded up to a power of two; the files' chunk
+size is max(stride, 1 MiB), so a page never straddles two chunks, a page of 1 MiB or more is one whole chunk,
+and smaller pages written by one batch into adjacent slots share storage updates. Pages move with threefs
+batch IO straight between storage and the caller's buffers.
 
 Meta part: the kvcache service (threefs/kvcache/service.py) maps key -> (slot, length, crc32c, generation);
 one round trip per batch. A put reserves fresh slots, writes them, then commits: a page is visible only when
@@ -42,6 +43,9 @@ FILE_BYTES_TARGET = 64 << 30  # data file size; a cache larger than this gets se
 PAGE_BYTES_DEFAULT = 1 << 20
 CAPACITY_BYTES_DEFAULT = 16 << 30
 STRIDE_BYTES_MIN = 4 << 10
+# Data files' chunk size: the stride, or this when pages are smaller. Adjacent pages of one chunk written by one
+# batch become one storage update (64 pages of 64 KiB: ~5 updates instead of 64; puts ~2x faster measured).
+CHUNK_BYTES_DEFAULT = 1 << 20
 STRIDE_BYTES_MAX = 64 << 20
 TIMEOUT_S_DEFAULT = 30.0
 READ_PART_IOS = 16  # pages per batch_read call of a get, at least
@@ -167,7 +171,8 @@ class KVCache:
 
     def __init__(self, fs, root: str, page_bytes: int = PAGE_BYTES_DEFAULT,
                  capacity_bytes: int = CAPACITY_BYTES_DEFAULT, *, ttl_s: float = 0.0, verify: bool = True,
-                 create: bool = True, timeout_s: float = TIMEOUT_S_DEFAULT, service_addr: str | None = None):
+                 create: bool = True, timeout_s: float = TIMEOUT_S_DEFAULT, service_addr: str | None = None,
+                 chunk_bytes: int = CHUNK_BYTES_DEFAULT):
         if not isinstance(root, str) or not root.startswith("/"):
             raise status_error(StatusCode.INVALID_ARGUMENT, f"cache root {root!r} must be an absolute path")
         self.fs = fs
@@ -183,6 +188,7 @@ class KVCache:
         self.slots = info["slots"]
         self.capacity_bytes = self.slots * self.page_bytes
         self.stride = stride_of(self.page_bytes)
+        self.chunk_bytes = max(self.stride, chunk_bytes)  # for new data files (existing ones keep theirs)
         self.slots_per_file = max(1, FILE_BYTES_TARGET // self.stride)
         self._files = self._open_data_files()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -231,7 +237,7 @@ class KVCache:
             path = f"{self.root}/data-{i:04d}"
             length = min(self.slots_per_file, self.slots - i * self.slots_per_file) * self.stride
             if self.writable:
-                with self.fs.open(path, "ab", buffering=0, chunk_size=self.stride, perm=mode):
+                with self.fs.open(path, "ab", buffering=0, chunk_size=self.chunk_bytes, perm=mode):
                     pass  # created with the page-sized chunks, or opened for writing: permission checked
                 if self.fs.stat(path).length < length:
                     self.fs.truncate(path, length)  # sparse: no chunk exists until a page is written
@@ -239,9 +245,9 @@ class KVCache:
                 with self.fs.open(path, "rb", buffering=0):
                     pass
             attr = self.fs.stat(path)
-            if attr.layout.chunk_size != self.stride:
+            if attr.layout.chunk_size % self.stride:
                 raise status_error(StatusCode.INVALID_ARGUMENT, f"{path} has chunk size {attr.layout.chunk_size}, "
-                                   f"not the cache's stride {self.stride}; it was not made by KVCache")
+                                   f"not a multiple of the cache's stride {self.stride}; it was not made by KVCache")
             files.append(attr)
         return files
 
