@@ -9,12 +9,12 @@ missing=()
 command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
 dpkg -s libfuse3-dev >/dev/null 2>&1 || missing+=(libfuse3-dev)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
-command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)  # the queue/kvstore benchmarks' baseline
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)  # the Redis baselines of the benchmarks
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-  echo "setup-system: FUSE support needs: ${missing[*]} (install them as root); continuing without" >&2
+  echo "setup-system: FUSE support (and the Redis baseline) need: ${missing[*]} (install them as root); continuing without" >&2
   exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive

@@ -173,6 +173,11 @@ def main(argv: list[str] | None = None) -> None:
     config = load_toml(argv[0], ServiceConfig)
     logging.basicConfig(level=config.log_level, stream=sys.stderr,
                         format=f"%(asctime)s {config.name} %(levelname)s %(name)s: %(message)s")
+    if config.type == "kvcache":  # the KV-cache meta service speaks its own protocol (threefs/kvcache)
+        from threefs.kvcache.service import serve as serve_kvcache
+
+        uvloop.run(serve_kvcache(config))
+        return
     uvloop.run(serve(config))
 
 

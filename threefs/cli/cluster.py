@@ -49,6 +49,8 @@ class ClusterSpec(msgspec.Struct, kw_only=True):
     client_session_timeout_s: float = 120.0  # write sessions of clients silent this long are pruned
     host: str = "127.0.0.1"
     kv: str = ""  # KV URL of mgmtd + meta (e.g. etcd://h:p,h:p/name); "" = the SQLite file DIR/kv/meta.db
+    kvcache: int = 1  # kvcache meta services (threefs/kvcache/service.py); its index is DIR/kvcache/index.db
+    kvcache_port: int = 0
 
     def mgmtd_addrs(self) -> list[str]:
         return [f"{self.host}:{p}" for p in (self.mgmtd_ports or [self.mgmtd_port])]
@@ -68,6 +70,10 @@ class LocalCluster:
         path = self.dir / "cluster.toml"
         if path.exists():
             spec = load_toml(path, ClusterSpec)
+            if spec.kvcache and not spec.kvcache_port:  # a cluster made before the kvcache service
+                spec.kvcache_port = free_port(spec.host)
+                (self.dir / "kvcache").mkdir(parents=True, exist_ok=True)
+                save_toml(path, spec)
             if extra.get("kv") and extra["kv"] != spec.kv:
                 raise status_error(StatusCode.INVALID_ARGUMENT, f"cluster in {self.dir} was created with KV "
                                    f"{spec.kv or 'sqlite (default)'!r}; it cannot move to {extra['kv']!r}")
@@ -88,7 +94,8 @@ class LocalCluster:
                  + [f"meta-{i}" for i in range(1, spec.meta + 1)]
                  + [f"storage-{i}" for i in range(1, spec.storage + 1)])
         spec.metrics_ports = {name: free_port(spec.host) for name in names}
-        for sub in ("conf", "run", "log", "data", "kv"):
+        spec.kvcache_port = free_port(spec.host) if spec.kvcache else 0
+        for sub in ("conf", "run", "log", "data", "kv", "kvcache"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         save_toml(path, spec)
         return spec
@@ -120,6 +127,9 @@ class LocalCluster:
                        for slot in range(1, slots + 1)]
             configs.append(ServiceConfig(type="storage", name=f"storage-{i}", node_id=node, port=port,
                                          targets=targets, failure_domain=f"storage-{i}", **common))
+        if spec.kvcache:
+            configs.append(ServiceConfig(type="kvcache", name="kvcache-1", node_id=200, port=spec.kvcache_port,
+                                         kv=str(self.dir / "kvcache" / "index.db"), **common))
         for c in configs:
             c.metrics_port = spec.metrics_ports.get(c.name, 0)
         return configs
@@ -237,6 +247,8 @@ class LocalCluster:
                     if any(n.hb_version == 0 for n in metas):  # heartbeats start once a meta is fully up
                         raise status_error(StatusCode.UNAVAILABLE, "meta services still starting")
                     await aio.stat("/")
+                    if spec.kvcache:  # kvcache-1 publishes its address once it serves
+                        await aio.stat("/.kvcache/service.json")
                     return
                 except ThreeFSError as e:
                     last = e

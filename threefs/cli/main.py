@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     from threefs.cli.queue_cmd import add_queue_parser
 
     add_queue_parser(sub)
+    from threefs.cli.kvcache_cmd import add_kvcache_parser
+
+    add_kvcache_parser(sub)
     return p
 
 

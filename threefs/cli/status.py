@@ -213,11 +213,32 @@ def render_text(st: ms.MgmtdStatusRsp, mgmtds: list[ms.PrimaryRsp], unreachable)
 def render_status(fs, as_json: bool = False) -> int:
     """Print the status once (exit 0); `fs` is a connected `threefs.Client`."""
     st, mgmtds, unreachable = fs.run(gather(fs.aio))
+    kvcaches = _kvcache_stats(fs)
     if as_json:
-        print(json.dumps(as_dict(st, mgmtds, unreachable), indent=2))
+        out = as_dict(st, mgmtds, unreachable)
+        if kvcaches is not None:
+            out["kvcache"] = kvcaches
+        print(json.dumps(out, indent=2))
     else:
         print(render_text(st, mgmtds, unreachable))
+        if isinstance(kvcaches, str):
+            print(f"kvcache: {kvcaches}")
+        elif kvcaches:
+            from threefs.cli.kvcache_cmd import stats_lines
+
+            print("kvcache:\n" + "\n".join("  " + line for line in stats_lines(kvcaches)))
     return 0
+
+
+def _kvcache_stats(fs) -> list | str | None:
+    """The kvcache service's per-cache figures; None: the cluster runs none; a str: why it does not answer."""
+    from threefs.cli.kvcache_cmd import all_stats
+    from threefs.common.status import StatusCode
+
+    try:
+        return all_stats(fs, timeout_s=2.0)
+    except ThreeFSError as e:
+        return None if e.code == StatusCode.NOT_FOUND else f"PROBLEM: the kvcache service does not answer: {e}"
 
 
 def watch_status(fs, interval_s: float, as_json: bool = False, rounds_max: int = 0) -> int:
