@@ -1,0 +1,696 @@
+"""The S3 gateway as an ASGI application (served by uvicorn with httptools and uvloop).
+
+Stateless: everything is in threefs (objects, records, uploads, keys), so any number of gateways on
+any hosts serve the same buckets. `read_only=True` refuses every request that would change something.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import logging
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from urllib.parse import unquote
+
+from threefs.common.status import ThreeFSError
+from threefs.s3 import sigv4, xmlout
+from threefs.s3.errors import S3Error, from_threefs
+from threefs.s3.http import Request, http_date, parse_http_date
+from threefs.s3.keys import KeyStore
+from threefs.s3.multipart import Multipart
+from threefs.s3.store import Store
+
+log = logging.getLogger("threefs.s3")
+
+STORED_HEADERS = ("cache-control", "content-disposition", "content-encoding", "content-language", "expires")
+USER_META_BYTES_MAX = 2048
+COMPLETE_KEEPALIVE_S = 5.0
+RESPONSE_OVERRIDES = {"response-content-type": "content-type", "response-content-language": "content-language",
+                      "response-expires": "expires", "response-cache-control": "cache-control",
+                      "response-content-disposition": "content-disposition",
+                      "response-content-encoding": "content-encoding"}
+
+
+class Response:
+    def __init__(self, status: int = 200, headers: dict | None = None, body: bytes = b"", stream=None,
+                 length: int | None = None):
+        self.status, self.headers, self.body, self.stream, self.length = status, headers or {}, body, stream, length
+
+
+class Gateway:
+    def __init__(self, config, root: str = "/", read_only: bool = False, region: str = "us-east-1"):
+        self.config, self.root = config, root
+        self.read_only = read_only
+        self.region = region
+        self.aio = None  # made at start-up, inside the serving event loop
+
+    async def start(self) -> None:
+        from threefs.client.aio import AsyncClient
+
+        self.aio = AsyncClient(self.config)
+        await self.aio.start()
+        self.store = Store(self.aio, self.root)
+        self.multipart = Multipart(self.store)
+        self.keys = KeyStore(self.aio, f"{self.store.sys}/keys", self.config.token)
+        await self.store.setup()
+
+    # -- ASGI --------------------------------------------------------------------------------------
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            return await self._lifespan(receive, send)
+        if scope["type"] != "http":
+            return
+        req = Request(scope, receive)
+        request_id = uuid.uuid4().hex[:16].upper()
+        try:
+            rsp = await self.handle(req)
+        except S3Error as e:
+            rsp = self._error(req, e, request_id)
+        except ThreeFSError as e:
+            rsp = self._error(req, from_threefs(e, req.resource), request_id)
+        except Exception as e:  # a bug: answer 500 and keep serving
+            log.exception("internal error on %s %s", req.method, req.resource)
+            rsp = self._error(req, S3Error("InternalError", f"{type(e).__name__}: {e}", 500), request_id)
+        await self._send(send, req, rsp, request_id)
+
+    async def _lifespan(self, receive, send):
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except Exception as e:
+                    await send({"type": "lifespan.startup.failed", "message": str(e)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                if self.aio is not None:
+                    await self.aio.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _error(self, req: Request, e: S3Error, request_id: str) -> Response:
+        body = b"" if req.method == "HEAD" else e.xml(req.resource, request_id)
+        headers = {"content-type": "application/xml"}
+        if e.code == "InvalidRange" and "size" in e.extra:
+            headers["content-range"] = f"bytes */{e.extra.pop('size')}"
+            body = b"" if req.method == "HEAD" else e.xml(req.resource, request_id)
+        if e.status == 304:
+            body = b""
+            headers.update(e.extra)
+        headers["x-amz-error-code"] = e.code
+        return Response(e.status, headers, body)
+
+    async def _send(self, send, req: Request, rsp: Response, request_id: str) -> None:
+        headers = dict(rsp.headers)
+        headers["x-amz-request-id"] = request_id
+        headers.setdefault("server", "threefs-s3")
+        if rsp.stream is None:
+            headers["content-length"] = str(len(rsp.body) if req.method != "HEAD" or "content-length"
+                                             not in headers else headers["content-length"])
+        elif rsp.length is not None:
+            headers["content-length"] = str(rsp.length)
+        if not req.body_used and req.method in ("PUT", "POST") and rsp.status >= 400:
+            headers["connection"] = "close"  # the body was never read: do not parse it as a request
+        raw = [(k.encode("latin-1"), str(v).encode("latin-1", "replace")) for k, v in headers.items()]
+        await send({"type": "http.response.start", "status": rsp.status, "headers": raw})
+        if rsp.stream is None:
+            await send({"type": "http.response.body", "body": rsp.body if req.method != "HEAD" else b""})
+            return
+        try:
+            async for piece in rsp.stream:
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+        except Exception:  # too late for an error response: cut the connection short
+            log.exception("streaming %s failed", req.resource)
+            raise
+        await send({"type": "http.response.body", "body": b""})
+
+    # -- auth ---------------------------------------------------------------------------------------
+    async def authenticate(self, req: Request) -> None:
+        secrets: dict[str, object] = {}
+
+        def secret_of(access_key: str) -> str:
+            value = secrets.get(access_key)
+            if value is None:
+                raise S3Error("InvalidAccessKeyId", "the AWS access key id you provided does not exist in "
+                              "our records", AWSAccessKeyId=access_key)
+            return value[0]
+
+        access_key = _access_key_of(req)
+        if access_key is not None:
+            found = await self.keys.lookup(access_key)
+            if found is not None:
+                secrets[access_key] = found
+        auth = sigv4.verify(req.method, req.canonical_paths, req.raw_query, req.headers, secret_of)
+        if auth is None:
+            raise S3Error("AccessDenied", "anonymous access is not allowed: sign requests with an access key "
+                          "from `threefs admin s3-key-add`")
+        req.auth = auth
+        req.access_key = auth.access_key
+        _, cred, user = secrets[auth.access_key]
+        req.cred = None if cred.uid == 0 else cred
+        req.user = user
+        req.uid = cred.uid
+
+    # -- dispatch -------------------------------------------------------------------------------------
+    async def handle(self, req: Request) -> Response:
+        await self.authenticate(req)
+        if self.read_only and req.method not in ("GET", "HEAD"):
+            raise S3Error("AccessDenied", "this gateway is read-only (threefs s3 serve --read-only); send "
+                          "writes to a read-write gateway")
+        if not req.bucket:
+            if req.method == "GET":
+                buckets = await self.store.list_buckets(req.cred)
+                return Response(200, _XML, xmlout.list_buckets(buckets, req.uid, req.user))
+            raise S3Error("MethodNotAllowed", "only GET is allowed on the service")
+        if not req.key:
+            return await self.bucket_op(req)
+        return await self.object_op(req)
+
+    async def bucket_op(self, req: Request) -> Response:
+        q, m, b = req.query, req.method, req.bucket
+        sub = next((s for s in _BUCKET_SUBRESOURCES if s in q), None)
+        if sub is not None:
+            return await self.bucket_subresource(req, sub)
+        if m == "PUT":
+            await req.read_small()
+            await self.store.create_bucket(b, req.cred)
+            return Response(200, {"location": "/" + b})
+        if m == "DELETE":
+            if await self.multipart.uploads(b):
+                raise S3Error("BucketNotEmpty", "the bucket has multipart uploads in progress", BucketName=b)
+            await self.store.delete_bucket(b, req.cred)
+            return Response(204)
+        if m == "HEAD":
+            await self.store.bucket_attr(b, req.cred)
+            return Response(200, {"x-amz-bucket-region": self.region})
+        if m == "GET":
+            return await self.list_objects(req)
+        if m == "POST" and "delete" in q:
+            return await self.delete_objects(req)
+        raise S3Error("MethodNotAllowed", f"{m} is not allowed on a bucket")
+
+    async def bucket_subresource(self, req: Request, sub: str) -> Response:
+        b, m = req.bucket, req.method
+        if sub == "delete" and m == "POST":
+            return await self.delete_objects(req)
+        await self.store.bucket_attr(b, req.cred)
+        if sub == "uploads" and m == "GET":
+            return await self.list_uploads(req)
+        if m == "GET":
+            if sub == "location":
+                return Response(200, _XML, xmlout.simple("LocationConstraint"))
+            if sub == "versioning":
+                return Response(200, _XML, xmlout.simple("VersioningConfiguration"))
+            if sub == "acl":
+                return Response(200, _XML, xmlout.acl(req.uid, req.user))
+            if sub == "tagging":
+                raise S3Error("NoSuchTagSet", "the TagSet does not exist")
+            if sub == "policy":
+                raise S3Error("NoSuchBucketPolicy", "the bucket policy does not exist")
+            if sub == "cors":
+                raise S3Error("NoSuchCORSConfiguration", "the CORS configuration does not exist")
+            if sub == "lifecycle":
+                raise S3Error("NoSuchLifecycleConfiguration", "the lifecycle configuration does not exist")
+            if sub == "encryption":
+                raise S3Error("ServerSideEncryptionConfigurationNotFoundError", "no server-side encryption")
+        if sub == "acl" and m == "PUT":
+            await req.read_small()
+            return Response(200)
+        raise S3Error("NotImplemented", f"the bucket sub-resource {sub!r} is not implemented for {m}", 501)
+
+    async def object_op(self, req: Request) -> Response:
+        q, m = req.query, req.method
+        if "acl" in q:
+            if m == "GET":
+                await self.store.head(req.bucket, req.key, req.cred)
+                return Response(200, _XML, xmlout.acl(req.uid, req.user))
+            if m == "PUT":
+                await req.read_small()
+                await self.store.head(req.bucket, req.key, req.cred)
+                return Response(200)
+        if "tagging" in q:
+            if m == "GET":
+                await self.store.head(req.bucket, req.key, req.cred)
+                return Response(200, _XML, xmlout.simple("Tagging", "<TagSet></TagSet>"))
+            raise S3Error("NotImplemented", "object tagging is not implemented", 501)
+        if "uploadId" in q:
+            return await self.multipart_op(req)
+        if m == "POST" and "uploads" in q:
+            return await self.create_upload(req)
+        if m == "PUT":
+            if req.header("x-amz-copy-source"):
+                return await self.copy_object(req)
+            return await self.put_object(req)
+        if m in ("GET", "HEAD"):
+            return await self.get_object(req)
+        if m == "DELETE":
+            await self.store.delete(req.bucket, req.key, req.cred)
+            return Response(204)
+        raise S3Error("MethodNotAllowed", f"{m} is not allowed on an object")
+
+    # -- objects ------------------------------------------------------------------------------------
+    def _record_from_headers(self, req: Request) -> dict:
+        meta = {}
+        size = 0
+        for name, values in req.headers.items():
+            if name.startswith("x-amz-meta-"):
+                meta[name[11:]] = ",".join(values)
+                size += len(name) - 11 + len(meta[name[11:]])
+        if size > USER_META_BYTES_MAX:
+            raise S3Error("MetadataTooLarge", f"user metadata may be at most {USER_META_BYTES_MAX} bytes",
+                          MaxSizeAllowed=str(USER_META_BYTES_MAX))
+        stored = {h: req.header(h) for h in STORED_HEADERS if req.header(h)}
+        if "content-encoding" in stored:
+            enc = ",".join(e for e in stored["content-encoding"].split(",") if e.strip() != "aws-chunked")
+            if enc:
+                stored["content-encoding"] = enc
+            else:
+                del stored["content-encoding"]
+        return {"ct": req.header("content-type", "binary/octet-stream"), "meta": meta, "h": stored}
+
+    async def put_object(self, req: Request) -> Response:
+        b, k = req.bucket, req.key
+        await self.store.bucket_attr(b, req.cred)
+        self.store.object_paths(b, k)
+        if not req.header("content-length") and not req.header("x-amz-decoded-content-length") \
+                and "chunked" not in req.header("transfer-encoding"):
+            raise S3Error("MissingContentLength", "you must provide the Content-Length HTTP header")
+        record = self._record_from_headers(req)
+        if_match = req.header("if-match")
+        if if_match:
+            current = await self.store.head(b, k, req.cred) if if_match != "*" else None
+            if current is None:
+                await self.store.head(b, k, req.cred)
+            elif not _etag_matches(if_match, current.etag):
+                raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did "
+                              "not hold", Condition="If-Match")
+        temp, rsp = await self.store.new_temp(req.cred)
+        md5 = hashlib.md5()
+        try:
+            length = await self.store.write_stream(rsp, req.body(), [md5])
+        except BaseException:
+            await self.store.discard(temp)
+            raise
+        record["etag"] = md5.hexdigest()
+        attr = await self.store.publish(temp, rsp, length, record, b, k, req.cred,
+                                        if_none_match=req.header("if-none-match") == "*")
+        del attr
+        headers = {"etag": f'"{record["etag"]}"'}
+        for h in req.headers:
+            if h.startswith("x-amz-checksum-") and h not in ("x-amz-checksum-algorithm", "x-amz-checksum-type"):
+                headers[h] = req.header(h)
+        return Response(200, headers)
+
+    async def get_object(self, req: Request) -> Response:
+        info = await self.store.head(req.bucket, req.key, req.cred)
+        from threefs.s3.store import may
+
+        if not may(info.attr, req.cred, 4):
+            raise S3Error("AccessDenied", f"threefs denies reading {req.key} (mode {info.attr.mode:o})")
+        headers = _object_headers(info)
+        _check_conditions(req, info, headers)
+        for q, h in RESPONSE_OVERRIDES.items():
+            if q in req.query:
+                headers[h] = req.query[q]
+        size = info.size
+        part = req.query.get("partNumber")
+        rng = req.header("range")
+        if part:
+            rng = _part_range(info, part)
+            headers["x-amz-mp-parts-count"] = str(len(info.record.get("parts") or [1]))
+        if rng:
+            start, end = _parse_range(rng, size)
+            if start is not None:
+                headers["content-range"] = f"bytes {start}-{end - 1}/{size}"
+                headers["content-length"] = str(end - start)
+                if req.method == "HEAD":
+                    return Response(206, headers)
+                return Response(206, headers, stream=self.store.read_stream(info, start, end), length=end - start)
+        headers["content-length"] = str(size)
+        if req.method == "HEAD" or size == 0:
+            return Response(200, headers, b"")
+        return Response(200, headers, stream=self.store.read_stream(info, 0, size), length=size)
+
+    async def copy_object(self, req: Request) -> Response:
+        src_bucket, src_key = _copy_source(req.header("x-amz-copy-source"))
+        src = await self.store.head(src_bucket, src_key, req.cred)
+        _check_copy_conditions(req, src)
+        directive = req.header("x-amz-metadata-directive", "COPY").upper()
+        if directive not in ("COPY", "REPLACE"):
+            raise S3Error("InvalidArgument", "x-amz-metadata-directive must be COPY or REPLACE")
+        await self.store.bucket_attr(req.bucket, req.cred)
+        if directive == "REPLACE":
+            record = self._record_from_headers(req)
+        else:
+            record = {k: v for k, v in src.record.items() if k in ("ct", "meta", "h")}
+        record["etag"] = src.etag
+        if "parts" in src.record:
+            record["parts"] = src.record["parts"]
+        same = (src_bucket, src_key) == (req.bucket, req.key)
+        if same and directive == "COPY":
+            raise S3Error("InvalidRequest", "This copy request is illegal because it is trying to copy an "
+                          "object to itself without changing the object's metadata, storage class, website "
+                          "redirect location or encryption attributes.")
+        if same:  # a metadata update: replace the record only (atomically)
+            await self.store.write_record(src.attr.inode, record, replace=True)
+            return Response(200, _XML, xmlout.copy_result("CopyObjectResult", src.etag, time.time()))
+        temp, rsp = await self.store.new_temp(req.cred)
+        try:
+            length = await self.store.copy_data(src, 0, src.size, rsp, [])
+        except BaseException:
+            await self.store.discard(temp)
+            raise
+        attr = await self.store.publish(temp, rsp, length, record, req.bucket, req.key, req.cred)
+        return Response(200, _XML, xmlout.copy_result("CopyObjectResult", src.etag, attr.mtime_ns / 1e9))
+
+    async def delete_objects(self, req: Request) -> Response:
+        await self.store.bucket_attr(req.bucket, req.cred)
+        root = _parse_xml(await req.read_small())
+        quiet = (_text(root, "Quiet") or "false").lower() == "true"
+        keys = [_text(o, "Key") for o in _children(root, "Object")]
+        if len(keys) > 1000:
+            raise S3Error("MalformedXML", "DeleteObjects takes at most 1000 keys")
+        deleted, errors = [], []
+        for key in keys:
+            try:
+                await self.store.delete(req.bucket, key or "", req.cred)
+                deleted.append(key)
+            except S3Error as e:
+                errors.append((key or "", e.code, e.message))
+        return Response(200, _XML, xmlout.delete_result(deleted, errors, quiet))
+
+    async def list_objects(self, req: Request) -> Response:
+        q = req.query
+        v2 = q.get("list-type") == "2"
+        prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
+        url = q.get("encoding-type") == "url"
+        try:
+            max_keys = min(1000, int(q.get("max-keys", "1000")))
+        except ValueError:
+            raise S3Error("InvalidArgument", "max-keys must be an integer", ArgumentName="max-keys") from None
+        if max_keys < 0:
+            raise S3Error("InvalidArgument", "max-keys must be >= 0", ArgumentName="max-keys")
+        own = xmlout.owner(req.uid, req.user)
+        if v2:
+            token = q.get("continuation-token")
+            start_after = q.get("start-after", "")
+            after = start_after
+            if token is not None:
+                try:
+                    after = base64.urlsafe_b64decode(token.encode()).decode()
+                except (binascii.Error, UnicodeDecodeError, ValueError):
+                    raise S3Error("InvalidArgument", "the continuation token is not valid",
+                                  ArgumentName="continuation-token") from None
+            page = await self.store.list(req.bucket, req.cred, prefix, delimiter, after, max_keys)
+            next_token = base64.urlsafe_b64encode(page.last.encode()).decode() if page.truncated else ""
+            body = xmlout.list_v2(req.bucket, page, prefix, delimiter, max_keys, url, start_after, token,
+                                  next_token, q.get("fetch-owner") == "true", own)
+        else:
+            marker = q.get("marker", "")
+            page = await self.store.list(req.bucket, req.cred, prefix, delimiter, marker, max_keys)
+            body = xmlout.list_v1(req.bucket, page, prefix, delimiter, max_keys, url, marker, own)
+        return Response(200, _XML, body)
+
+    # -- multipart ---------------------------------------------------------------------------------
+    async def create_upload(self, req: Request) -> Response:
+        await self.store.bucket_attr(req.bucket, req.cred)
+        upload_id = await self.multipart.create(req.bucket, req.key, req.cred, req.user,
+                                                self._record_from_headers(req))
+        inner = (f"<Bucket>{_esc(req.bucket)}</Bucket><Key>{_esc(req.key)}</Key>"
+                 f"<UploadId>{upload_id}</UploadId>")
+        return Response(200, _XML, xmlout.simple("InitiateMultipartUploadResult", inner))
+
+    async def multipart_op(self, req: Request) -> Response:
+        q, m = req.query, req.method
+        upload_id = q["uploadId"]
+        if m == "PUT":
+            number = self.multipart.part_number(q.get("partNumber", ""))
+            if req.header("x-amz-copy-source"):
+                return await self.upload_part_copy(req, upload_id, number)
+
+            async def fill(rsp, hashers):
+                return await self.store.write_stream(rsp, req.body(), hashers)
+
+            etag = await self.multipart.upload_part(req.bucket, req.key, upload_id, number, fill)
+            return Response(200, {"etag": f'"{etag}"'})
+        if m == "GET":
+            return await self.list_parts(req, upload_id)
+        if m == "DELETE":
+            await self.multipart.abort(req.bucket, req.key, upload_id)
+            return Response(204)
+        if m == "POST":
+            return await self.complete_upload(req, upload_id)
+        raise S3Error("MethodNotAllowed", f"{m} is not allowed on an upload")
+
+    async def upload_part_copy(self, req: Request, upload_id: str, number: int) -> Response:
+        src_bucket, src_key = _copy_source(req.header("x-amz-copy-source"))
+        src = await self.store.head(src_bucket, src_key, req.cred)
+        _check_copy_conditions(req, src)
+        start, end = 0, src.size
+        rng = req.header("x-amz-copy-source-range")
+        if rng:
+            start, end = _parse_range(rng, src.size)
+            if start is None:
+                raise S3Error("InvalidArgument", f"the copy source range {rng!r} is not valid")
+
+        async def fill(rsp, hashers):
+            return await self.store.copy_data(src, start, end, rsp, hashers)
+
+        etag = await self.multipart.upload_part(req.bucket, req.key, upload_id, number, fill)
+        return Response(200, _XML, xmlout.copy_result("CopyPartResult", etag, time.time()))
+
+    async def list_parts(self, req: Request, upload_id: str) -> Response:
+        info = await self.multipart.info(req.bucket, req.key, upload_id)
+        parts = await self.multipart.parts(req.bucket, upload_id)
+        try:
+            marker = int(req.query.get("part-number-marker", "0") or 0)
+            max_parts = min(1000, int(req.query.get("max-parts", "1000")))
+        except ValueError:
+            raise S3Error("InvalidArgument", "part-number-marker and max-parts must be integers") from None
+        parts = [p for p in parts if p[0] > marker]
+        truncated = len(parts) > max_parts
+        parts = parts[:max_parts]
+        from threefs.s3.http import iso_date
+
+        items = "".join(f"<Part><PartNumber>{n}</PartNumber><LastModified>{iso_date(a.mtime_ns / 1e9)}"
+                        f"</LastModified><ETag>&quot;{r.get('etag', '')}&quot;</ETag><Size>{a.length}</Size></Part>"
+                        for n, a, r in parts)
+        own = xmlout.owner(info["uid"], info["user"])
+        inner = (f"<Bucket>{_esc(req.bucket)}</Bucket><Key>{_esc(req.key)}</Key><UploadId>{upload_id}</UploadId>"
+                 f"<Initiator><ID>{info['uid']}</ID><DisplayName>{_esc(info['user'])}</DisplayName></Initiator>"
+                 f"{own}<StorageClass>STANDARD</StorageClass><PartNumberMarker>{marker}</PartNumberMarker>"
+                 f"<NextPartNumberMarker>{parts[-1][0] if parts else marker}</NextPartNumberMarker>"
+                 f"<MaxParts>{max_parts}</MaxParts><IsTruncated>{'true' if truncated else 'false'}</IsTruncated>"
+                 f"{items}")
+        return Response(200, _XML, xmlout.simple("ListPartsResult", inner))
+
+    async def list_uploads(self, req: Request) -> Response:
+        prefix = req.query.get("prefix", "")
+        uploads = [u for u in await self.multipart.uploads(req.bucket) if u[0].startswith(prefix)]
+        key_marker = req.query.get("key-marker", "")
+        if key_marker:
+            uploads = [u for u in uploads if u[0] > key_marker]
+        max_uploads = min(1000, int(req.query.get("max-uploads", "1000") or 1000))
+        truncated = len(uploads) > max_uploads
+        uploads = uploads[:max_uploads]
+        from threefs.s3.http import iso_date
+
+        items = "".join(
+            f"<Upload><Key>{_esc(k)}</Key><UploadId>{uid}</UploadId><Initiator><ID>{i['uid']}</ID>"
+            f"<DisplayName>{_esc(i['user'])}</DisplayName></Initiator>{xmlout.owner(i['uid'], i['user'])}"
+            f"<StorageClass>STANDARD</StorageClass><Initiated>{iso_date(i['initiated'])}</Initiated></Upload>"
+            for k, uid, i in uploads)
+        nxt = (f"<NextKeyMarker>{_esc(uploads[-1][0])}</NextKeyMarker><NextUploadIdMarker>{uploads[-1][1]}"
+               "</NextUploadIdMarker>") if truncated and uploads else ""
+        inner = (f"<Bucket>{_esc(req.bucket)}</Bucket><KeyMarker>{_esc(key_marker)}</KeyMarker>"
+                 f"<UploadIdMarker></UploadIdMarker>{nxt}<Prefix>{_esc(prefix)}</Prefix>"
+                 f"<MaxUploads>{max_uploads}</MaxUploads><IsTruncated>{'true' if truncated else 'false'}"
+                 f"</IsTruncated>{items}")
+        return Response(200, _XML, xmlout.simple("ListMultipartUploadsResult", inner))
+
+    async def complete_upload(self, req: Request, upload_id: str) -> Response:
+        root = _parse_xml(await req.read_small())
+        wanted = []
+        for p in _children(root, "Part"):
+            n, etag = _text(p, "PartNumber"), _text(p, "ETag")
+            if not n or not n.isdigit() or etag is None:
+                raise S3Error("MalformedXML", "each Part needs a PartNumber and an ETag")
+            wanted.append((int(n), etag))
+        task = asyncio.ensure_future(self.multipart.complete(
+            req.bucket, req.key, upload_id, wanted, req.cred, req.header("if-none-match") == "*"))
+        done, _ = await asyncio.wait([task], timeout=COMPLETE_KEEPALIVE_S)
+        if done:
+            etag, _ = task.result()
+            return Response(200, _XML, self._complete_xml(req, etag))
+        # a long copy: answer 200 now and keep the connection alive with whitespace, as S3 does;
+        # an error after this point goes in the body (clients check CompleteMultipartUpload's body)
+        return Response(200, _XML, stream=self._complete_stream(req, task))
+
+    def _complete_xml(self, req: Request, etag: str) -> bytes:
+        inner = (f"<Location>/{_esc(req.bucket)}/{_esc(req.key)}</Location><Bucket>{_esc(req.bucket)}</Bucket>"
+                 f"<Key>{_esc(req.key)}</Key><ETag>&quot;{etag}&quot;</ETag>")
+        return xmlout.simple("CompleteMultipartUploadResult", inner)
+
+    async def _complete_stream(self, req: Request, task):
+        try:
+            while True:
+                done, _ = await asyncio.wait([task], timeout=COMPLETE_KEEPALIVE_S)
+                if done:
+                    break
+                yield b" "
+            try:
+                etag, _ = task.result()
+                yield self._complete_xml(req, etag)
+            except S3Error as e:
+                yield e.xml(req.resource)
+            except ThreeFSError as e:
+                yield from_threefs(e, req.key).xml(req.resource)
+        finally:
+            if not task.done():
+                task.cancel()
+
+
+_XML = {"content-type": "application/xml"}
+_BUCKET_SUBRESOURCES = ("uploads", "location", "versioning", "acl", "tagging", "policy", "cors", "lifecycle",
+                        "encryption", "delete", "website", "logging", "notification", "replication",
+                        "requestPayment", "ownershipControls", "publicAccessBlock", "object-lock",
+                        "accelerate", "analytics", "inventory", "metrics", "intelligent-tiering")
+
+
+def _esc(s: str) -> str:
+    from xml.sax.saxutils import escape
+
+    return escape(s)
+
+
+def _access_key_of(req: Request) -> str | None:
+    authz = req.header("authorization")
+    if authz.startswith(sigv4.ALGORITHM):
+        i = authz.find("Credential=")
+        if i >= 0:
+            return authz[i + 11:].split("/", 1)[0]
+        return None
+    cred = req.query.get("X-Amz-Credential")
+    return cred.split("/", 1)[0] if cred else None
+
+
+def _object_headers(info) -> dict:
+    r = info.record
+    headers = {"etag": f'"{info.etag}"', "last-modified": http_date(info.mtime),
+               "content-type": r.get("ct", "binary/octet-stream"), "accept-ranges": "bytes"}
+    headers.update(r.get("h", {}))
+    for k, v in (r.get("meta") or {}).items():
+        headers["x-amz-meta-" + k] = v
+    return headers
+
+
+def _etag_matches(header: str, etag: str) -> bool:
+    return any(t.strip() in ("*", f'"{etag}"', etag) for t in header.split(","))
+
+
+def _check_conditions(req: Request, info, headers: dict) -> None:
+    """RFC 7232 as S3 applies it: If-Match / If-Unmodified-Since -> 412; If-None-Match /
+    If-Modified-Since -> 304 (412 for the former on writes is handled by the writers)."""
+    mtime = int(info.mtime)
+    im, inm = req.header("if-match"), req.header("if-none-match")
+    ims, ius = req.header("if-modified-since"), req.header("if-unmodified-since")
+    if im and not _etag_matches(im, info.etag):
+        raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did not hold",
+                      Condition="If-Match")
+    if ius and not im:
+        t = parse_http_date(ius)
+        if t is not None and mtime > t:
+            raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did not "
+                          "hold", Condition="If-Unmodified-Since")
+    not_modified = {"etag": headers["etag"], "last-modified": headers["last-modified"]}
+    if inm and _etag_matches(inm, info.etag):
+        raise S3Error("NotModified", "not modified", 304, **not_modified)
+    if ims and not inm:
+        t = parse_http_date(ims)
+        if t is not None and mtime <= t:
+            raise S3Error("NotModified", "not modified", 304, **not_modified)
+
+
+def _check_copy_conditions(req: Request, src) -> None:
+    mtime = int(src.mtime)
+    im, inm = req.header("x-amz-copy-source-if-match"), req.header("x-amz-copy-source-if-none-match")
+    ims = req.header("x-amz-copy-source-if-modified-since")
+    ius = req.header("x-amz-copy-source-if-unmodified-since")
+    failed = (im and not _etag_matches(im, src.etag)) or (inm and _etag_matches(inm, src.etag))
+    if not failed and ius and not im:
+        t = parse_http_date(ius)
+        failed = t is not None and mtime > t
+    if not failed and ims and not inm:
+        t = parse_http_date(ims)
+        failed = t is not None and mtime <= t
+    if failed:
+        raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did not hold")
+
+
+def _copy_source(text: str) -> tuple[str, str]:
+    src = unquote(text.split("?versionId=", 1)[0])
+    src = src[1:] if src.startswith("/") else src
+    bucket, _, key = src.partition("/")
+    if not bucket or not key:
+        raise S3Error("InvalidArgument", "x-amz-copy-source must be BUCKET/KEY", ArgumentName="x-amz-copy-source")
+    return bucket, key
+
+
+def _parse_range(text: str, size: int) -> tuple[int | None, int | None]:
+    """A single `bytes=` range -> [start, end); (None, None) to ignore it (serve the whole object)."""
+    if not text.startswith("bytes=") or "," in text:
+        return None, None
+    first, _, last = text[6:].strip().partition("-")
+    try:
+        if first == "":
+            n = int(last)
+            if n == 0:
+                raise S3Error("InvalidRange", "the requested range is not satisfiable", size=size,
+                              ActualObjectSize=str(size), RangeRequested=text)
+            return max(0, size - n), size
+        start = int(first)
+        end = int(last) + 1 if last else size
+    except ValueError:
+        return None, None
+    if end <= start and last:
+        return None, None
+    if start >= size:
+        raise S3Error("InvalidRange", "the requested range is not satisfiable", size=size,
+                      ActualObjectSize=str(size), RangeRequested=text)
+    return start, min(end, size)
+
+
+def _part_range(info, text: str) -> str:
+    parts = info.record.get("parts") or [info.size]
+    if not text.isdigit() or not 1 <= int(text) <= len(parts):
+        raise S3Error("InvalidPartNumber", "the requested partnumber is not satisfiable", 416)
+    n = int(text)
+    start = sum(parts[:n - 1])
+    return f"bytes={start}-{start + parts[n - 1] - 1}"
+
+
+def _parse_xml(body: bytes):
+    try:
+        return ET.fromstring(body)
+    except ET.ParseError:
+        raise S3Error("MalformedXML", "the XML you provided was not well-formed") from None
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def _children(root, name: str) -> list:
+    return [c for c in root if _local(c.tag) == name]
+
+
+def _text(node, name: str) -> str | None:
+    for c in node:
+        if _local(c.tag) == name:
+            return c.text or ""
+    return None

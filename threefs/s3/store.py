@@ -1,0 +1,436 @@
+"""Buckets and objects on threefs: atomic PUTs, streaming GETs, listings, metadata records.
+
+Layout under the gateway's root directory R (default `/`):
+
+    R/BUCKET/...            objects as files (key -> path: threefs/s3/keymap.py)
+    R/.s3/tmp/              new objects are written here, then renamed into place (sticky, 1777)
+    R/.s3/meta/INODE        one metadata record per object file, named by its inode (JSON: ETag,
+                            content type, user metadata, ...); a rename moves the inode, so data and
+                            record are replaced together, atomically
+    R/.s3/uploads/BUCKET/ID multipart uploads: `info` plus one file per part
+    R/.s3/keys/ACCESS_KEY   access keys (threefs/s3/keys.py)
+
+Every namespace call acts for the request's threefs user (uid/gid): threefs's permissions apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+import uuid
+
+from threefs.common.status import StatusCode, ThreeFSError
+from threefs.rpc.schemas.meta import DIRECTORY, FILE, NO_PARENT, UserCred  # the client API's types
+from threefs.s3 import keymap
+from threefs.s3.errors import S3Error, from_threefs
+
+PIECE_BYTES = 8 << 20  # one storage batch of a streamed GET/PUT/copy
+PIECES_IN_FLIGHT = 2
+RETRIES_MAX = 8  # namespace races with other gateways (a parent removed under us, ...)
+
+
+def _code(e: ThreeFSError) -> StatusCode:
+    return e.code
+
+
+class ObjectInfo:
+    __slots__ = ("key", "attr", "record", "path")
+
+    def __init__(self, key: str, attr, record: dict, path: str):
+        self.key, self.attr, self.record, self.path = key, attr, record, path
+
+    @property
+    def etag(self) -> str:
+        return self.record.get("etag") or _pseudo_etag(self.attr)
+
+    @property
+    def size(self) -> int:
+        return self.attr.length
+
+    @property
+    def mtime(self) -> float:
+        return self.attr.mtime_ns / 1e9
+
+
+def _pseudo_etag(attr) -> str:
+    """A file written outside the gateway has no record: an ETag that changes when it changes."""
+    return hashlib.md5(f"{attr.inode}:{attr.length}:{attr.mtime_ns}".encode()).hexdigest()
+
+
+def may(attr, cred: UserCred | None, want: int) -> bool:
+    """POSIX permission bits (want: 4 read, 2 write, 1 search) for cred; root may do anything."""
+    if cred is None or cred.uid == 0:
+        return True
+    if attr.uid == cred.uid:
+        bits = attr.mode >> 6
+    elif attr.gid == cred.gid or attr.gid in cred.gids:
+        bits = attr.mode >> 3
+    else:
+        bits = attr.mode
+    return bits & want == want
+
+
+class Store:
+    def __init__(self, aio, root: str = "/"):
+        self.aio = aio
+        self.root = "/" + root.strip("/")
+        base = self.root.rstrip("/")
+        self.sys = f"{base}/.s3"
+        self.tmp, self.meta, self.uploads = f"{self.sys}/tmp", f"{self.sys}/meta", f"{self.sys}/uploads"
+
+    async def setup(self) -> None:
+        """Create the gateway's own directories (idempotent; any gateway may do it)."""
+        if self.root != "/":
+            await self._mkdir_p(self.root, None)
+        for path, mode in ((self.sys, 0o755), (self.tmp, 0o1777), (self.meta, 0o700),
+                           (self.uploads, 0o700), (f"{self.sys}/keys", 0o700)):
+            try:
+                await self.aio.mkdir_at(NO_PARENT, path, mode)
+                if mode & 0o1000:
+                    await self.aio.setattr(path, mode=mode)
+            except FileExistsError:
+                pass
+
+    # -- paths ------------------------------------------------------------------------------------
+    def bucket_path(self, bucket: str) -> str:
+        return f"{self.root.rstrip('/')}/{bucket}"
+
+    def object_paths(self, bucket: str, key: str) -> tuple[str, str, str]:
+        """(parent directory, plain path, alternative path) of a key."""
+        comps, name = keymap.key_components(key)
+        parent = "/".join([self.bucket_path(bucket)] + comps)
+        return parent, f"{parent}/{name}", f"{parent}/{keymap.ALT_PREFIX}{name}"
+
+    # -- buckets ----------------------------------------------------------------------------------
+    async def bucket_attr(self, bucket: str, cred) :
+        try:
+            attr = await self.aio.lstat(self.bucket_path(bucket), cred)
+        except FileNotFoundError:
+            raise S3Error("NoSuchBucket", "the specified bucket does not exist", BucketName=bucket) from None
+        except ThreeFSError as e:
+            raise from_threefs(e, bucket) from None
+        if attr.type != DIRECTORY:
+            raise S3Error("NoSuchBucket", "the specified bucket does not exist", BucketName=bucket)
+        return attr
+
+    async def create_bucket(self, bucket: str, cred) -> None:
+        keymap.check_bucket_name(bucket)
+        try:
+            await self.aio.mkdir_at(NO_PARENT, self.bucket_path(bucket), 0o755, cred)
+        except FileExistsError:
+            attr = await self.aio.lstat(self.bucket_path(bucket))
+            if attr.type == DIRECTORY and (cred is None or attr.uid == cred.uid):
+                raise S3Error("BucketAlreadyOwnedByYou", "you already own this bucket", BucketName=bucket)
+            raise S3Error("BucketAlreadyExists", "the bucket name is taken", BucketName=bucket) from None
+        except ThreeFSError as e:
+            raise from_threefs(e, bucket) from None
+
+    async def delete_bucket(self, bucket: str, cred) -> None:
+        await self.bucket_attr(bucket, cred)
+        path = self.bucket_path(bucket)
+        try:
+            await self.aio.rmdir_at(NO_PARENT, path, cred)
+            return
+        except ThreeFSError as e:
+            if e.code != StatusCode.NOT_EMPTY:
+                raise from_threefs(e, bucket) from None
+        # only empty directories left (S3 has no directories): the bucket is empty to S3
+        page = await self.list(bucket, cred, max_keys=1)
+        if page.contents or page.prefixes:
+            raise S3Error("BucketNotEmpty", "the bucket you tried to delete is not empty", BucketName=bucket)
+        await self.aio.remove(path, recursive=True)
+
+    async def list_buckets(self, cred) -> list:
+        out = []
+        after = ""
+        while True:
+            rsp = await self.aio.readdir(self.root, after, user=cred)
+            names = [e.name for e in rsp.entries if e.type == DIRECTORY]
+            for e in rsp.entries:
+                after = e.name
+            attrs = await self.aio.batch_stat([f"{self.root.rstrip('/')}/{n}" for n in names]) if names else []
+            for name, attr in zip(names, attrs):
+                if isinstance(attr, Exception) or not keymap.BUCKET_RE.match(name):
+                    continue
+                if cred is None or cred.uid == 0 or attr.uid == cred.uid:
+                    out.append((name, attr.ctime_ns / 1e9))
+            if not rsp.more or not rsp.entries:
+                return out
+
+    # -- metadata records ---------------------------------------------------------------------------
+    def record_path(self, inode: int) -> str:
+        return f"{self.meta}/{inode:x}"
+
+    async def write_record(self, inode: int, record: dict, replace: bool = False) -> None:
+        data = json.dumps(record, separators=(",", ":")).encode()
+        path = self.record_path(inode)
+        target = f"{path}.{uuid.uuid4().hex[:8]}" if replace else path
+        rsp = await self.aio.create_at(NO_PARENT, target, os.O_WRONLY | os.O_TRUNC, 0o600)
+        await self.aio.write_at(rsp.attr, 0, data)
+        await self.aio.close_file(rsp.attr.inode, rsp.session, len(data))
+        if replace:
+            await self.aio.rename(target, path)
+
+    async def read_records(self, inodes: list[int]) -> list[dict | None]:
+        """Records of many inodes: one batch stat and one batch read."""
+        if not inodes:
+            return []
+        attrs = await self.aio.batch_stat([self.record_path(i) for i in inodes])
+        reqs, where = [], []
+        for i, a in enumerate(attrs):
+            if not isinstance(a, Exception) and a.length <= 1 << 20:
+                reqs.append((a, 0, memoryview(bytearray(a.length))))
+                where.append(i)
+        out: list[dict | None] = [None] * len(inodes)
+        if reqs:
+            results = await self.aio.batch_read(reqs)
+            for i, (a, _, buf), r in zip(where, reqs, results):
+                if not isinstance(r, Exception):
+                    try:
+                        out[i] = json.loads(bytes(buf[:r]))
+                    except ValueError:
+                        pass
+        return out
+
+    async def drop_record(self, inode: int) -> None:
+        try:
+            await self.aio.remove(self.record_path(inode))
+        except (FileNotFoundError, ThreeFSError):
+            pass
+
+    # -- objects ----------------------------------------------------------------------------------
+    async def head(self, bucket: str, key: str, cred) -> ObjectInfo:
+        """The object's attributes and record, or NoSuchKey / NoSuchBucket."""
+        for _ in range(3):
+            _, plain, alt = self.object_paths(bucket, key)
+            found = None
+            try:
+                attrs = await self.aio.batch_stat([plain, alt], follow=True, user=cred)
+            except ThreeFSError as e:
+                raise from_threefs(e, key) from None
+            for path, a in zip((plain, alt), attrs):
+                if not isinstance(a, Exception) and a.type == FILE:
+                    found = (path, a)
+                    break
+                if isinstance(a, ThreeFSError) and a.code == StatusCode.PERMISSION_DENIED:
+                    raise S3Error("AccessDenied", f"threefs denies access to {key}")
+            if found is None:
+                await self.bucket_attr(bucket, cred)
+                raise S3Error("NoSuchKey", "the specified key does not exist", Key=key)
+            path, attr = found
+            (record,) = await self.read_records([attr.inode])
+            if record is None and attr.nlink > 0 and await self._replaced(path, attr):
+                continue  # replaced between the stat and the record read: look again
+            return ObjectInfo(key, attr, record or {}, path)
+        raise S3Error("ServiceUnavailable", f"{key} keeps changing; try again", 503)
+
+    async def _replaced(self, path: str, attr) -> bool:
+        try:
+            return (await self.aio.stat(path)).inode != attr.inode
+        except FileNotFoundError:
+            return True
+
+    async def read_stream(self, info: ObjectInfo, start: int, end: int):
+        """Yield the bytes [start, end) of an object in PIECE_BYTES pieces, two reads in flight."""
+        attr = info.attr
+
+        async def read(offset: int, n: int) -> bytearray:
+            buf = bytearray(n)
+            got = await self.aio.read_into(attr, offset, buf)
+            if got != n:
+                raise S3Error("InternalError", f"{info.key} is shorter than its length", 500)
+            return buf
+
+        pending: list[asyncio.Task] = []
+        offset = start
+        try:
+            while offset < end or pending:
+                while offset < end and len(pending) < PIECES_IN_FLIGHT:
+                    n = min(PIECE_BYTES, end - offset)
+                    pending.append(asyncio.ensure_future(read(offset, n)))
+                    offset += n
+                yield await pending.pop(0)
+        finally:
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def new_temp(self, cred):
+        """A fresh file in R/.s3/tmp owned by the user: (path, OpenRsp)."""
+        path = f"{self.tmp}/{uuid.uuid4().hex}"
+        try:
+            rsp = await self.aio.create_at(NO_PARENT, path, os.O_WRONLY | os.O_EXCL, 0o644, cred)
+        except ThreeFSError as e:
+            raise from_threefs(e, "a new object") from None
+        return path, rsp
+
+    async def write_stream(self, rsp, body, hashers: list, base: int = 0) -> int:
+        """Write an async iterable of byte pieces into an open file, PIECE_BYTES per storage batch
+        with writes in flight while more arrives; feeds each hasher. Returns the length."""
+        attr = rsp.attr
+        buf = bytearray()
+        offset = base
+        pending: list[asyncio.Task] = []
+
+        async def flush(data: bytearray, at: int) -> None:
+            await self.aio.write_at(attr, at, data)
+
+        try:
+            async for piece in body:
+                for h in hashers:
+                    h.update(piece)
+                buf += piece
+                if len(buf) >= PIECE_BYTES:
+                    while len(pending) >= PIECES_IN_FLIGHT:
+                        await pending.pop(0)
+                    pending.append(asyncio.ensure_future(flush(buf, offset)))
+                    offset += len(buf)
+                    buf = bytearray()
+            if buf:
+                pending.append(asyncio.ensure_future(flush(buf, offset)))
+                offset += len(buf)
+            while pending:
+                await pending.pop(0)
+        finally:
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        return offset - base
+
+    async def discard(self, path: str) -> None:
+        try:
+            await self.aio.remove(path)
+        except ThreeFSError:
+            pass
+
+    async def publish(self, temp_path: str, rsp, length: int, record: dict, bucket: str, key: str, cred,
+                      if_none_match: bool = False) -> object:
+        """Close the temp file, write its record, rename it over the key's path (atomic replace);
+        remove the record of the object it replaced. Returns the new attr."""
+        attr = await self.aio.close_file(rsp.attr.inode, rsp.session, length)
+        await self.write_record(attr.inode, record)
+        try:
+            old = await self._rename_into_place(temp_path, bucket, key, cred, if_none_match)
+        except BaseException:
+            await self.discard(temp_path)
+            await self.drop_record(attr.inode)
+            raise
+        if old is not None and old != attr.inode:
+            await self.drop_record(old)
+        return attr
+
+    async def _rename_into_place(self, temp: str, bucket: str, key: str, cred, noreplace: bool) -> int | None:
+        parent, plain, alt = self.object_paths(bucket, key)
+        for _ in range(RETRIES_MAX):
+            attrs = await self.aio.batch_stat([plain, alt], follow=False)
+            old_plain, old_alt = (None if isinstance(a, Exception) else a for a in attrs)
+            target = alt if old_plain is not None and old_plain.type == DIRECTORY else plain
+            old = old_alt if target == alt else old_plain
+            if noreplace and (old is not None or (old_alt is not None and old_alt.type == FILE)):
+                raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified "
+                              "did not hold", Condition="If-None-Match")
+            try:
+                await self.aio.rename_at(NO_PARENT, temp, NO_PARENT, target, noreplace, cred)
+            except FileNotFoundError:
+                await self.bucket_attr(bucket, cred)
+                await self._make_parents(bucket, key, cred)
+                continue
+            except ThreeFSError as e:
+                if e.code in (StatusCode.IS_DIRECTORY, StatusCode.EXISTS, StatusCode.NOT_EMPTY):
+                    if noreplace and e.code == StatusCode.EXISTS:
+                        raise S3Error("PreconditionFailed", "At least one of the pre-conditions you "
+                                      "specified did not hold", Condition="If-None-Match") from None
+                    continue  # a directory appeared at the plain name: look again
+                if e.code == StatusCode.NOT_DIRECTORY:
+                    await self._make_parents(bucket, key, cred)
+                    continue
+                raise from_threefs(e, key) from None
+            if target == plain and old_alt is not None and old_alt.type == FILE:
+                await self._unlink_quiet(alt, cred)  # an older copy from when `plain` was a directory
+                await self.drop_record(old_alt.inode)
+            return old.inode if old is not None and old.type == FILE else None
+        raise S3Error("ServiceUnavailable", f"{key}: the namespace kept changing under the upload", 503)
+
+    async def _unlink_quiet(self, path: str, cred) -> None:
+        try:
+            await self.aio.unlink_at(NO_PARENT, path, cred)
+        except ThreeFSError:
+            pass
+
+    async def _make_parents(self, bucket: str, key: str, cred) -> None:
+        """Create the key's directories; a file in the way (object `a` when writing `a/b`) moves to
+        its alternative name `%oa` beside the directory."""
+        comps, _ = keymap.key_components(key)
+        path = self.bucket_path(bucket)
+        for comp in comps:
+            parent, path = path, f"{path}/{comp}"
+            for _ in range(RETRIES_MAX):
+                try:
+                    await self.aio.mkdir_at(NO_PARENT, path, 0o755, cred)
+                    break
+                except FileExistsError:
+                    attr = await self._lstat_or_none(path)
+                    if attr is None:
+                        continue
+                    if attr.type == DIRECTORY:
+                        break
+                    try:  # the object `comp` itself: make room for the directory
+                        await self.aio.rename_at(NO_PARENT, path, NO_PARENT,
+                                                 f"{parent}/{keymap.ALT_PREFIX}{comp}", False, cred)
+                    except FileNotFoundError:
+                        pass
+                except ThreeFSError as e:
+                    raise from_threefs(e, key) from None
+
+    async def _lstat_or_none(self, path: str):
+        try:
+            return await self.aio.lstat(path)
+        except FileNotFoundError:
+            return None
+
+    async def delete(self, bucket: str, key: str, cred) -> None:
+        """Delete an object (no error if absent), then its empty parent directories."""
+        await self.bucket_attr(bucket, cred)
+        parent, plain, alt = self.object_paths(bucket, key)
+        attrs = await self.aio.batch_stat([plain, alt], follow=False, user=cred)
+        for path, a in zip((plain, alt), attrs):
+            if isinstance(a, Exception) or a.type == DIRECTORY:
+                if isinstance(a, ThreeFSError) and a.code == StatusCode.PERMISSION_DENIED:
+                    raise S3Error("AccessDenied", f"threefs denies access to {key}")
+                continue
+            try:
+                await self.aio.unlink_at(NO_PARENT, path, cred)
+            except FileNotFoundError:
+                continue
+            except ThreeFSError as e:
+                raise from_threefs(e, key) from None
+            if a.nlink <= 1:
+                await self.drop_record(a.inode)
+        await self._prune(bucket, parent, cred)
+
+    async def _prune(self, bucket: str, parent: str, cred) -> None:
+        top = self.bucket_path(bucket)
+        while parent != top and parent.startswith(top + "/"):
+            try:
+                await self.aio.rmdir_at(NO_PARENT, parent, cred)
+            except ThreeFSError:
+                return  # not empty (or someone writes into it right now): stop
+            parent = parent.rsplit("/", 1)[0]
+
+    # -- listing ----------------------------------------------------------------------------------
+    async def list(self, bucket: str, cred, prefix: str = "", delimiter: str = "", start_after: str = "",
+                   max_keys: int = 1000):
+        from threefs.s3.listing import list_page
+
+        await self.bucket_attr(bucket, cred)
+        return await list_page(self, bucket, cred, prefix, delimiter, start_after, max_keys)
+
+    async def copy_data(self, src, start: int, end: int, rsp, hashers: list, base: int = 0) -> int:
+        return await self.write_stream(rsp, self.read_stream(src, start, end), hashers, base)
+
+
+def now_s() -> float:
+    return time.time()
