@@ -147,6 +147,8 @@ class Gateway:
                 secrets[access_key] = found
         auth = sigv4.verify(req.method, req.canonical_paths, req.raw_query, req.headers, secret_of)
         if auth is None:
+            auth = sigv4.verify_v2(req.method, req.canonical_paths[0], req.query, req.headers, secret_of)
+        if auth is None:
             raise S3Error("AccessDenied", "anonymous access is not allowed: sign requests with an access key "
                           "from `threefs admin s3-key-add`")
         req.auth = auth
@@ -575,6 +577,10 @@ def _access_key_of(req: Request) -> str | None:
         if i >= 0:
             return authz[i + 11:].split("/", 1)[0]
         return None
+    if authz.startswith("AWS "):
+        return authz[4:].split(":", 1)[0]
+    if "AWSAccessKeyId" in req.query:
+        return req.query["AWSAccessKeyId"]
     cred = req.query.get("X-Amz-Credential")
     return cred.split("/", 1)[0] if cred else None
 

@@ -103,18 +103,14 @@ def verify(method: str, paths: list[str], raw_query: str, headers: dict[str, lis
     now = time.time() if now is None else now
     authz = headers.get("authorization", [""])[0]
     query = dict(p.partition("=")[::2] for p in raw_query.split("&")) if raw_query else {}
-    if authz:
+    if authz and not authz.startswith("AWS "):
         return _verify_header(method, paths, raw_query, headers, authz, secret_of, now)
     if "X-Amz-Signature" in query:
         return _verify_query(method, paths, raw_query, headers, query, secret_of, now)
-    if "Signature" in query or "AWSAccessKeyId" in query:
-        raise S3Error("AccessDenied", "signature version 2 is not supported; use SigV4")
     return None
 
 
 def _verify_header(method, paths, raw_query, headers, authz, secret_of, now) -> Auth:
-    if authz.startswith("AWS "):
-        raise S3Error("AccessDenied", "signature version 2 is not supported; sign with SigV4")
     if not authz.startswith(ALGORITHM + " "):
         raise S3Error("AuthorizationHeaderMalformed", f"unsupported authorization {authz.split(' ')[0]!r}")
     fields = {}
@@ -328,3 +324,62 @@ class Checksum:
     def value(self) -> str:
         digest = self.hash.digest() if self.hash is not None else self.crc.to_bytes(4, "big")
         return base64.b64encode(digest).decode()
+
+
+# -- signature version 2 (boto3 still presigns with it by default) --------------------------------------
+V2_SUBRESOURCES = frozenset((
+    "acl", "delete", "lifecycle", "location", "logging", "notification", "partNumber", "policy",
+    "requestPayment", "torrent", "uploadId", "uploads", "versionId", "versioning", "versions", "website",
+    "cors", "tagging", "restore", "response-cache-control", "response-content-disposition",
+    "response-content-encoding", "response-content-language", "response-content-type", "response-expires"))
+
+
+def _v2_string_to_sign(method: str, path: str, query: dict[str, str], headers: dict[str, list[str]],
+                       date: str) -> str:
+    amz = sorted((k, ",".join(v.strip() for v in vs)) for k, vs in headers.items()
+                 if k.startswith("x-amz-"))
+    sub = sorted((k, v) for k, v in query.items() if k in V2_SUBRESOURCES)
+    resource = path + ("?" + "&".join(f"{k}={v}" if v != "" else k for k, v in sub) if sub else "")
+    return "\n".join([method, headers.get("content-md5", [""])[0], headers.get("content-type", [""])[0], date]
+                     + [f"{k}:{v}" for k, v in amz] + [resource])
+
+
+def verify_v2(method: str, raw_path: str, query: dict[str, str], headers: dict[str, list[str]],
+              secret_of: Callable[[str], str], now: float | None = None) -> Auth | None:
+    """SigV2: `Authorization: AWS KEY:SIG`, or presigned `?AWSAccessKeyId&Expires&Signature`."""
+    now = time.time() if now is None else now
+    authz = headers.get("authorization", [""])[0]
+    path = unquote(raw_path)
+    if authz.startswith("AWS "):
+        access_key, _, signature = authz[4:].partition(":")
+        date = "" if "x-amz-date" in headers else headers.get("date", [""])[0]
+        sent_at = headers.get("x-amz-date", headers.get("date", [""]))[0]
+        import email.utils
+
+        try:
+            t = email.utils.parsedate_to_datetime(sent_at).timestamp()
+        except (TypeError, ValueError):
+            raise S3Error("AccessDenied", "AWS authentication requires a valid Date or x-amz-date header") from None
+        if abs(t - now) > CLOCK_SKEW_S_MAX:
+            raise S3Error("RequestTimeTooSkewed", "the difference between the request time and the server's "
+                          "time is too large")
+    elif "Signature" in query and "AWSAccessKeyId" in query:
+        access_key, signature, date = query["AWSAccessKeyId"], query["Signature"], query.get("Expires", "")
+        if not date.isdigit():
+            raise S3Error("AccessDenied", "a presigned URL needs Expires")
+        if now > int(date):
+            raise S3Error("AccessDenied", "Request has expired")
+    else:
+        return None
+    secret = secret_of(access_key)
+    to_sign = _v2_string_to_sign(method, quote(path, safe="/~"), query, headers, date)
+    want = base64.b64encode(hmac.new(secret.encode(), to_sign.encode("utf-8", "surrogateescape"),
+                                     hashlib.sha1).digest()).decode()
+    if not hmac.compare_digest(want, signature):
+        to_sign = _v2_string_to_sign(method, raw_path, query, headers, date)
+        want = base64.b64encode(hmac.new(secret.encode(), to_sign.encode("latin-1", "replace"),
+                                         hashlib.sha1).digest()).decode()
+        if not hmac.compare_digest(want, signature):
+            raise S3Error("SignatureDoesNotMatch", "the request signature we calculated does not match the "
+                          "signature you provided; check your key and signing method", AWSAccessKeyId=access_key)
+    return Auth(access_key, UNSIGNED)
