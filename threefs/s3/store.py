@@ -118,8 +118,10 @@ class Store:
 
     async def create_bucket(self, bucket: str, cred) -> None:
         keymap.check_bucket_name(bucket)
-        try:
-            await self.aio.mkdir_at(NO_PARENT, self.bucket_path(bucket), 0o755, cred)
+        try:  # any key may create buckets (as in S3): made by the gateway, then given to the user
+            await self.aio.mkdir_at(NO_PARENT, self.bucket_path(bucket), 0o755)
+            if cred is not None:
+                await self.aio.setattr(self.bucket_path(bucket), uid=cred.uid, gid=cred.gid)
         except FileExistsError:
             attr = await self.aio.lstat(self.bucket_path(bucket))
             if attr.type == DIRECTORY and (cred is None or attr.uid == cred.uid):
@@ -129,10 +131,12 @@ class Store:
             raise from_threefs(e, bucket) from None
 
     async def delete_bucket(self, bucket: str, cred) -> None:
-        await self.bucket_attr(bucket, cred)
+        attr = await self.bucket_attr(bucket, cred)
+        if cred is not None and attr.uid != cred.uid:
+            raise S3Error("AccessDenied", f"bucket {bucket} belongs to uid {attr.uid}, not to this key's user")
         path = self.bucket_path(bucket)
-        try:
-            await self.aio.rmdir_at(NO_PARENT, path, cred)
+        try:  # the owner may delete its bucket although the root directory is not writable to it
+            await self.aio.rmdir_at(NO_PARENT, path)
             return
         except ThreeFSError as e:
             if e.code != StatusCode.NOT_EMPTY:
