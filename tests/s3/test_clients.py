@@ -79,7 +79,7 @@ def test_aws_cli(gateway, admin_key, bucket, tmp_path, rng):
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)
     (src / "a.txt").write_bytes(b"aaa")
-    (src / "sub" / "big.bin").write_bytes(rng.randbytes(20 << 20))  # multipart (8 MiB parts)
+    (src / "sub" / "big.bin").write_bytes(rng.randbytes(9 << 20))  # multipart (8 MiB parts)
     _aws(gateway, admin_key, "s3", "cp", "--recursive", str(src), f"s3://{bucket}/cli/")
     out = _aws(gateway, admin_key, "s3", "ls", "--recursive", f"s3://{bucket}/cli/")
     assert "cli/a.txt" in out and "cli/sub/big.bin" in out
