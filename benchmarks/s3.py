@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -34,6 +35,7 @@ from threefs.common.net import free_port  # noqa: E402
 
 MiB = 1 << 20
 NGINX_CONF = """
+{user}
 worker_processes {workers};
 daemon off;
 pid {dir}/nginx.pid;
@@ -63,13 +65,15 @@ class Nginx:
         self.port = free_port()
         conf = os.path.join(self.dir, "nginx.conf")
         with open(conf, "w") as f:
-            f.write(NGINX_CONF.format(dir=self.dir, port=self.port, workers=workers))
+            # as root, workers would run as nobody and could not write the PUT files
+            user = f"user {pwd.getpwuid(os.geteuid()).pw_name};" if os.geteuid() == 0 else ""
+            f.write(NGINX_CONF.format(dir=self.dir, port=self.port, workers=workers, user=user))
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         self.proc = subprocess.Popen([nginx, "-c", conf, "-p", self.dir], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
         wait_listening("127.0.0.1", self.port, self.proc)
 
-    def url(self, key: str) -> str:
+    def url(self, key: str, method: str = "GET") -> str:
         return f"http://127.0.0.1:{self.port}/bench/{key}"
 
     def stop(self) -> None:
