@@ -277,8 +277,7 @@ class Gateway:
 
     async def put_object(self, req: Request) -> Response:
         b, k = req.bucket, req.key
-        await self.store.bucket_attr(b, req.cred)
-        self.store.object_paths(b, k)
+        self.store.object_paths(b, k)  # a missing bucket shows when the object is renamed into place
         if not req.header("content-length") and not req.header("x-amz-decoded-content-length") \
                 and "chunked" not in req.header("transfer-encoding"):
             raise S3Error("MissingContentLength", "you must provide the Content-Length HTTP header")
@@ -292,16 +291,18 @@ class Gateway:
                 raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did "
                               "not hold", Condition="If-Match")
         temp, rsp = await self.store.new_temp(req.cred)
+        record_file = asyncio.ensure_future(self.store.create_record(rsp.attr.inode))  # while data arrives
         md5 = hashlib.md5()
         try:
             length = await self.store.write_stream(rsp, req.body(), [md5])
         except BaseException:
+            await asyncio.gather(record_file, return_exceptions=True)
             await self.store.discard(temp)
+            await self.store.drop_record(rsp.attr.inode)
             raise
         record["etag"] = md5.hexdigest()
-        attr = await self.store.publish(temp, rsp, length, record, b, k, req.cred,
-                                        if_none_match=req.header("if-none-match") == "*")
-        del attr
+        await self.store.publish(temp, rsp, length, record, b, k, req.cred,
+                                 if_none_match=req.header("if-none-match") == "*", record_file=record_file)
         headers = {"etag": f'"{record["etag"]}"'}
         for h in req.headers:
             if h.startswith("x-amz-checksum-") and h not in ("x-amz-checksum-algorithm", "x-amz-checksum-type"):
@@ -359,8 +360,8 @@ class Gateway:
                           "object to itself without changing the object's metadata, storage class, website "
                           "redirect location or encryption attributes.")
         if same:  # a metadata update: replace the record only (atomically)
-            await self.store.write_record(src.attr.inode, record, replace=True)
-            return Response(200, _XML, xmlout.copy_result("CopyObjectResult", src.etag, time.time()))
+            mtime = await self.store.replace_metadata(src, record)
+            return Response(200, _XML, xmlout.copy_result("CopyObjectResult", src.etag, mtime))
         temp, rsp = await self.store.new_temp(req.cred)
         try:
             length = await self.store.copy_data(src, 0, src.size, rsp, [])

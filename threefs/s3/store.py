@@ -16,6 +16,7 @@ Every namespace call acts for the request's threefs user (uid/gid): threefs's pe
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import json
 import os
@@ -23,12 +24,13 @@ import time
 import uuid
 
 from threefs.common.status import StatusCode, ThreeFSError
-from threefs.rpc.schemas.meta import DIRECTORY, FILE, NO_PARENT, UserCred  # the client API's types
+from threefs.rpc.schemas.meta import DIRECTORY, FILE, NO_PARENT, UTIME_NOW, UserCred  # client API types
 from threefs.s3 import keymap
 from threefs.s3.errors import S3Error, from_threefs
 
 PIECE_BYTES = 8 << 20  # one storage batch of a streamed GET/PUT/copy
-PIECES_IN_FLIGHT = 2
+PIECES_IN_FLIGHT = 3
+RECORD_CACHE_ENTRIES_MAX = 100_000
 RETRIES_MAX = 8  # namespace races with other gateways (a parent removed under us, ...)
 
 
@@ -80,6 +82,9 @@ class Store:
         base = self.root.rstrip("/")
         self.sys = f"{base}/.s3"
         self.tmp, self.meta, self.uploads = f"{self.sys}/tmp", f"{self.sys}/meta", f"{self.sys}/uploads"
+        # records by (inode, mtime): a record changes only with its inode, or by a metadata-only copy,
+        # which also moves the object's mtime (so no gateway serves a stale record from its cache)
+        self._records: collections.OrderedDict = collections.OrderedDict()
 
     async def setup(self) -> None:
         """Create the gateway's own directories (idempotent; any gateway may do it)."""
@@ -168,15 +173,39 @@ class Store:
     def record_path(self, inode: int) -> str:
         return f"{self.meta}/{inode:x}"
 
-    async def write_record(self, inode: int, record: dict, replace: bool = False) -> None:
-        data = json.dumps(record, separators=(",", ":")).encode()
+    async def create_record(self, inode: int, replace: bool = False):
         path = self.record_path(inode)
         target = f"{path}.{uuid.uuid4().hex[:8]}" if replace else path
-        rsp = await self.aio.create_at(NO_PARENT, target, os.O_WRONLY | os.O_TRUNC, 0o600)
+        return target, await self.aio.create_at(NO_PARENT, target, os.O_WRONLY | os.O_TRUNC, 0o600)
+
+    async def fill_record(self, opened, record: dict) -> None:
+        target, rsp = opened
+        data = json.dumps(record, separators=(",", ":")).encode()
         await self.aio.write_at(rsp.attr, 0, data)
         await self.aio.close_file(rsp.attr.inode, rsp.session, len(data))
+
+    async def write_record(self, inode: int, record: dict, replace: bool = False) -> None:
+        opened = await self.create_record(inode, replace)
+        await self.fill_record(opened, record)
         if replace:
-            await self.aio.rename(target, path)
+            await self.aio.rename(opened[0], self.record_path(inode))
+
+    async def replace_metadata(self, info, record: dict) -> float:
+        """A metadata-only update (copy onto itself): the record, then the object's mtime."""
+        await self.write_record(info.attr.inode, record, replace=True)
+        attr = await self.aio.setattr(info.path, mtime_ns=UTIME_NOW)
+        return attr.mtime_ns / 1e9
+
+    def _cached(self, attr) -> dict | None:
+        hit = self._records.get((attr.inode, attr.mtime_ns))
+        if hit is not None:
+            self._records.move_to_end((attr.inode, attr.mtime_ns))
+        return hit
+
+    def _remember(self, attr, record: dict) -> None:
+        self._records[(attr.inode, attr.mtime_ns)] = record
+        if len(self._records) > RECORD_CACHE_ENTRIES_MAX:
+            self._records.popitem(last=False)
 
     async def read_records(self, inodes: list[int]) -> list[dict | None]:
         """Records of many inodes: one batch stat and one batch read."""
@@ -225,9 +254,13 @@ class Store:
                 await self.bucket_attr(bucket, cred)
                 raise S3Error("NoSuchKey", "the specified key does not exist", Key=key)
             path, attr = found
-            (record,) = await self.read_records([attr.inode])
-            if record is None and attr.nlink > 0 and await self._replaced(path, attr):
-                continue  # replaced between the stat and the record read: look again
+            record = self._cached(attr)
+            if record is None:
+                (record,) = await self.read_records([attr.inode])
+                if record is None and await self._replaced(path, attr):
+                    continue  # replaced between the stat and the record read: look again
+                if record is not None:
+                    self._remember(attr, record)
             return ObjectInfo(key, attr, record or {}, path)
         raise S3Error("ServiceUnavailable", f"{key} keeps changing; try again", 503)
 
@@ -311,11 +344,16 @@ class Store:
             pass
 
     async def publish(self, temp_path: str, rsp, length: int, record: dict, bucket: str, key: str, cred,
-                      if_none_match: bool = False) -> object:
-        """Close the temp file, write its record, rename it over the key's path (atomic replace);
-        remove the record of the object it replaced. Returns the new attr."""
-        attr = await self.aio.close_file(rsp.attr.inode, rsp.session, length)
-        await self.write_record(attr.inode, record)
+                      if_none_match: bool = False, record_file=None) -> object:
+        """Close the temp file, write its record (`record_file`: already created by create_record),
+        rename it over the key's path (atomic replace); remove the record of the object it replaced.
+        Returns the new attr."""
+        opened = await record_file if record_file is not None else None
+
+        async def record_written():
+            await self.fill_record(opened or await self.create_record(rsp.attr.inode), record)
+
+        attr, _ = await asyncio.gather(self.aio.close_file(rsp.attr.inode, rsp.session, length), record_written())
         try:
             old = await self._rename_into_place(temp_path, bucket, key, cred, if_none_match)
         except BaseException:
