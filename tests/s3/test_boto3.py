@@ -302,3 +302,30 @@ def test_xml_error_body(gateway, s3, bucket):
         body = e.read().decode()
         assert e.code == 404 and e.headers["content-type"] == "application/xml"
         assert "<Code>NoSuchKey</Code>" in body and f"<Resource>/{bucket}/missing/k</Resource>" in body
+
+
+def test_versions_listing_and_invalid_utf8_key(gateway, s3, bucket):
+    import http.client
+
+    s3.put_object(Bucket=bucket, Key="v/1", Body=b"1")
+    s3.put_object(Bucket=bucket, Key="v/2", Body=b"22")
+    r = s3.list_object_versions(Bucket=bucket, Prefix="v/")
+    assert [(v["Key"], v["VersionId"], v["IsLatest"], v["Size"]) for v in r["Versions"]] == \
+        [("v/1", "null", True, 1), ("v/2", "null", True, 2)]
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "x"})
+    conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+    conn.request("GET", url.split(str(gateway.port), 1)[1].replace("/x?", "/%ff%fe?"))
+    rsp = conn.getresponse()
+    body = rsp.read()
+    conn.close()
+    assert rsp.status in (400, 403) and (b"InvalidURI" in body or b"SignatureDoesNotMatch" in body)
+
+
+def test_abandoned_temp_files_are_swept(fs, gateway):
+    from threefs.s3.store import Store
+
+    with fs.open("/.s3/tmp/abandoned-by-a-crash", "wb") as f:
+        f.write(b"half an object")
+    store = Store(fs.aio)
+    assert fs._run(store.sweep_temp(age_s_min=0)) >= 1
+    assert not fs.exists("/.s3/tmp/abandoned-by-a-crash")

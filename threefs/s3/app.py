@@ -29,6 +29,7 @@ log = logging.getLogger("threefs.s3")
 STORED_HEADERS = ("cache-control", "content-disposition", "content-encoding", "content-language", "expires")
 USER_META_BYTES_MAX = 2048
 COMPLETE_KEEPALIVE_S = 5.0
+SWEEP_INTERVAL_S = 3600.0
 RESPONSE_OVERRIDES = {"response-content-type": "content-type", "response-content-language": "content-language",
                       "response-expires": "expires", "response-cache-control": "cache-control",
                       "response-content-disposition": "content-disposition",
@@ -57,6 +58,18 @@ class Gateway:
         self.multipart = Multipart(self.store)
         self.keys = KeyStore(self.aio, f"{self.store.sys}/keys", self.config.token)
         await self.store.setup()
+        self._sweeper = asyncio.ensure_future(self._sweep_loop())
+
+    async def _sweep_loop(self) -> None:
+        """Remove what crashed PUTs left in .s3/tmp (runs until shutdown cancels it)."""
+        while True:
+            try:
+                removed = await self.store.sweep_temp()
+                if removed:
+                    log.info("removed %d abandoned temp files", removed)
+            except ThreeFSError as e:
+                log.warning("temp sweep failed: %s", e)
+            await asyncio.sleep(SWEEP_INTERVAL_S)
 
     # -- ASGI --------------------------------------------------------------------------------------
     async def __call__(self, scope, receive, send):
@@ -88,6 +101,9 @@ class Gateway:
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
+                if getattr(self, "_sweeper", None) is not None:
+                    self._sweeper.cancel()
+                    await asyncio.gather(self._sweeper, return_exceptions=True)
                 if self.aio is not None:
                     await self.aio.close()
                 await send({"type": "lifespan.shutdown.complete"})
@@ -160,6 +176,10 @@ class Gateway:
 
     # -- dispatch -------------------------------------------------------------------------------------
     async def handle(self, req: Request) -> Response:
+        try:
+            req.bucket.encode("utf-8")
+        except UnicodeEncodeError:
+            raise S3Error("InvalidURI", "couldn't parse the specified URI: not valid UTF-8") from None
         await self.authenticate(req)
         if self.read_only and req.method not in ("GET", "HEAD"):
             raise S3Error("AccessDenied", "this gateway is read-only (threefs s3 serve --read-only); send "
@@ -203,6 +223,8 @@ class Gateway:
         await self.store.bucket_attr(b, req.cred)
         if sub == "uploads" and m == "GET":
             return await self.list_uploads(req)
+        if sub == "versions" and m == "GET":
+            return await self.list_versions(req)
         if m == "GET":
             if sub == "location":
                 return Response(200, _XML, xmlout.simple("LocationConstraint"))
@@ -419,6 +441,31 @@ class Gateway:
             body = xmlout.list_v1(req.bucket, page, prefix, delimiter, max_keys, url, marker, own)
         return Response(200, _XML, body)
 
+    async def list_versions(self, req: Request) -> Response:
+        """Buckets are never versioned: every object is its only, latest version ("null")."""
+        q = req.query
+        prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
+        max_keys = min(1000, int(q.get("max-keys", "1000") or 1000))
+        page = await self.store.list(req.bucket, req.cred, prefix, delimiter, q.get("key-marker", ""), max_keys)
+        url = q.get("encoding-type") == "url"
+        from threefs.s3.http import iso_date
+
+        own = xmlout.owner(req.uid, req.user)
+        items = "".join(f"<Version><Key>{xmlout._enc(k, url)}</Key><VersionId>null</VersionId><IsLatest>true"
+                        f"</IsLatest><LastModified>{iso_date(t)}</LastModified><ETag>&quot;{e}&quot;</ETag>"
+                        f"<Size>{size}</Size>{own}<StorageClass>STANDARD</StorageClass></Version>"
+                        for k, size, t, e in page.contents)
+        cps = "".join(f"<CommonPrefixes><Prefix>{xmlout._enc(p, url)}</Prefix></CommonPrefixes>"
+                      for p in page.prefixes)
+        nxt = (f"<NextKeyMarker>{xmlout._enc(page.last, url)}</NextKeyMarker><NextVersionIdMarker>null"
+               "</NextVersionIdMarker>") if page.truncated else ""
+        inner = (f"<Name>{_esc(req.bucket)}</Name><Prefix>{xmlout._enc(prefix, url)}</Prefix>"
+                 f"<KeyMarker>{xmlout._enc(q.get('key-marker', ''), url)}</KeyMarker><VersionIdMarker>"
+                 f"</VersionIdMarker><MaxKeys>{max_keys}</MaxKeys>"
+                 + (f"<Delimiter>{xmlout._enc(delimiter, url)}</Delimiter>" if delimiter else "")
+                 + f"<IsTruncated>{'true' if page.truncated else 'false'}</IsTruncated>{nxt}{items}{cps}")
+        return Response(200, _XML, xmlout.simple("ListVersionsResult", inner))
+
     # -- multipart ---------------------------------------------------------------------------------
     async def create_upload(self, req: Request) -> Response:
         await self.store.bucket_attr(req.bucket, req.cred)
@@ -559,7 +606,7 @@ class Gateway:
 
 
 _XML = {"content-type": "application/xml"}
-_BUCKET_SUBRESOURCES = ("uploads", "location", "versioning", "acl", "tagging", "policy", "cors", "lifecycle",
+_BUCKET_SUBRESOURCES = ("uploads", "versions", "location", "versioning", "acl", "tagging", "policy", "cors", "lifecycle",
                         "encryption", "delete", "website", "logging", "notification", "replication",
                         "requestPayment", "ownershipControls", "publicAccessBlock", "object-lock",
                         "accelerate", "analytics", "inventory", "metrics", "intelligent-tiering")

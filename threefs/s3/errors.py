@@ -25,6 +25,9 @@ STATUS_OF = {
     "InvalidPart": 400,
     "InvalidPartOrder": 400,
     "InvalidRange": 416,
+    "InvalidURI": 400,
+    "MetadataTooLarge": 400,
+    "InvalidPartNumber": 416,
     "InvalidRequest": 400,
     "InvalidStorageClass": 400,
     "KeyTooLongError": 400,
@@ -64,7 +67,7 @@ class S3Error(Exception):
         fields = "".join(f"<{k}>{escape(str(v))}</{k}>" for k, v in self.extra.items())
         return (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{self.code}</Code>'
                 f"<Message>{escape(self.message)}</Message>{fields}<Resource>{escape(resource)}</Resource>"
-                f"<RequestId>{request_id}</RequestId></Error>").encode()
+                f"<RequestId>{request_id}</RequestId></Error>").encode("utf-8", "replace")
 
 
 def from_threefs(e: ThreeFSError, what: str) -> S3Error:

@@ -29,7 +29,7 @@ class Request:
             k, _, v = part.partition("=")
             self.query[unquote(k.replace("+", " "))] = unquote(v.replace("+", " "))
         path = unquote(raw_path, errors="surrogateescape")
-        self.canonical_paths = [raw_path or "/", quote(path, safe="/-_.~") or "/"]
+        self.canonical_paths = [raw_path or "/", quote(path.encode("utf-8", "surrogateescape"), safe="/-_.~") or "/"]
         self.bucket, self.key = "", ""
         stripped = path[1:] if path.startswith("/") else path
         if stripped:

@@ -81,6 +81,10 @@ def check_key(key: str) -> None:
         raise S3Error("InvalidArgument", "the object key is empty")
     if "\x00" in key:
         raise S3Error("InvalidArgument", "object keys may not contain NUL")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise S3Error("InvalidURI", "couldn't parse the specified URI: the key is not valid UTF-8") from None
     if _utf8_len(key) > KEY_BYTES_MAX:
         raise S3Error("KeyTooLongError", f"the key is {_utf8_len(key)} bytes; at most {KEY_BYTES_MAX}")
 

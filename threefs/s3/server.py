@@ -21,7 +21,7 @@ def serve(config: ClientConfig, host: str, port: int, root: str = "/", read_only
     app = Gateway(config, root, read_only, region)
     uv = uvicorn.Config(app, host=host, port=port, loop="uvloop", http="httptools", lifespan="on",
                         log_level=log_level, access_log=False, timeout_keep_alive=KEEP_ALIVE_S,
-                        backlog=BACKLOG, server_header=False, date_header=True)
+                        backlog=BACKLOG, server_header=False, date_header=True, proxy_headers=False)
     server = uvicorn.Server(uv)
     server.run()
     if not server.started:

@@ -31,6 +31,7 @@ from threefs.s3.errors import S3Error, from_threefs
 PIECE_BYTES = 8 << 20  # one storage batch of a streamed GET/PUT/copy
 PIECES_IN_FLIGHT = 3
 RECORD_CACHE_ENTRIES_MAX = 100_000
+TEMP_AGE_S_MAX = 24 * 3600.0  # a temp file untouched this long belongs to a PUT that died
 RETRIES_MAX = 8  # namespace races with other gateways (a parent removed under us, ...)
 
 
@@ -336,6 +337,21 @@ class Store:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         return offset - base
+
+    async def sweep_temp(self, age_s_min: float = TEMP_AGE_S_MAX) -> int:
+        """Delete temp files (and their records) older than age_s_min: PUTs that died half-way."""
+        entries = await self.aio.listdir(self.tmp)
+        removed = 0
+        now_ns = time.time_ns()
+        for i in range(0, len(entries), 1000):
+            page = entries[i:i + 1000]
+            attrs = await self.aio.batch_stat([f"{self.tmp}/{e.name}" for e in page], follow=False)
+            for e, a in zip(page, attrs):
+                if not isinstance(a, Exception) and now_ns - a.mtime_ns > age_s_min * 1e9:
+                    await self.discard(f"{self.tmp}/{e.name}")
+                    await self.drop_record(a.inode)
+                    removed += 1
+        return removed
 
     async def discard(self, path: str) -> None:
         try:
