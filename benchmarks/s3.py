@@ -173,6 +173,55 @@ def bench_size(name: str, server, size: int, total: int, clients: int) -> tuple[
     return count * size / put / 1e6, count * size / get / 1e6
 
 
+def _vm_hwm_mib(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def big_upload(gw: Gateway, gib: float, part_mib: int = 64) -> None:
+    """A multipart upload of `gib` GiB streamed from a generator (neither side holds it), then read
+    back; prints MB/s both ways and the gateway's peak RSS (VmHWM) before and after."""
+    total, part = int(gib * (1 << 30)), part_mib * MiB
+    block = os.urandom(MiB)
+    base = _vm_hwm_mib(gw.proc.pid)
+    uid = gw.s3.create_multipart_upload(Bucket="bench", Key="big")["UploadId"]
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=600)
+    parts, done, n = [], 0, 1
+    t0 = time.perf_counter()
+    while done < total:
+        size = min(part, total - done)
+        url = gw.s3.generate_presigned_url("upload_part", Params={
+            "Bucket": "bench", "Key": "big", "UploadId": uid, "PartNumber": n}, ExpiresIn=3600)
+        u = urlsplit(url)
+        conn.request("PUT", f"{u.path}?{u.query}", body=(block[:min(MiB, size - i)] for i in range(0, size, MiB)),
+                     headers={"Content-Length": str(size)})
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 200, r.status
+        parts.append({"PartNumber": n, "ETag": r.headers["ETag"]})
+        done, n = done + size, n + 1
+    t_parts = time.perf_counter() - t0
+    gw.s3.complete_multipart_upload(Bucket="bench", Key="big", UploadId=uid, MultipartUpload={"Parts": parts})
+    t_put = time.perf_counter() - t0
+    after_put = _vm_hwm_mib(gw.proc.pid)
+    t0 = time.perf_counter()
+    conn.request("GET", urlsplit(gw.url("big")).path + "?" + urlsplit(gw.url("big")).query)
+    r = conn.getresponse()
+    buf = memoryview(bytearray(MiB))
+    read = 0
+    while (k := r.readinto(buf)):
+        read += k
+    t_get = time.perf_counter() - t0
+    assert read == total, (read, total)
+    print(f"{gib:g} GiB multipart ({n - 1} parts of {part_mib} MiB): parts {total / t_parts / 1e6:.0f} MB/s, "
+          f"with complete {total / t_put / 1e6:.0f} MB/s; GET {total / t_get / 1e6:.0f} MB/s; gateway peak RSS "
+          f"{base:.0f} MiB before, {after_put:.0f} MiB after the upload, {_vm_hwm_mib(gw.proc.pid):.0f} MiB after "
+          "the GET")
+    gw.s3.delete_object(Bucket="bench", Key="big")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=256, help="MiB written and read per object size")
@@ -182,6 +231,8 @@ def main() -> None:
     ap.add_argument("--storage", type=int, default=3)
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--nginx-workers", type=int, default=1, help="1: one process, like one gateway")
+    ap.add_argument("--big-gib", type=float, default=0, help="only a multipart upload of this many GiB "
+                    "(peak gateway RSS); the issue's figure is 5")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="s3bench-")
     print(f"load average before: {open('/proc/loadavg').read().strip()}")
@@ -190,6 +241,9 @@ def main() -> None:
         with local_cluster(tmp, args.storage, args.replicas, fuse=False) as (cluster, _):
             gw = Gateway(cluster, tmp)
             try:
+                if args.big_gib:
+                    big_upload(gw, args.big_gib)
+                    return
                 rows = []
                 for mib in [int(x) for x in args.sizes.split(",")]:
                     size = mib * MiB
