@@ -123,7 +123,12 @@ def _cp_skipped(cp: str, start_after: str) -> bool:
 async def _fill(store, page: Page, files: list) -> None:
     objects = [(k, i, p) for k, i, p in files if i is not None]
     attrs = await store.aio.batch_stat([p for _, _, p in objects], follow=False) if objects else []
-    records = await store.read_records([i for _, i, _ in objects])
+    records = [None if isinstance(a, Exception) else store._cached(a) for a in attrs]
+    missing = [i for i, (a, r) in enumerate(zip(attrs, records)) if r is None and not isinstance(a, Exception)]
+    for i, r in zip(missing, await store.read_records([attrs[i].inode for i in missing])):
+        records[i] = r
+        if r is not None:
+            store._remember(attrs[i], r)
     by_key = {}
     for (key, _, _), attr, record in zip(objects, attrs, records):
         if isinstance(attr, Exception):

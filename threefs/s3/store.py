@@ -3,7 +3,8 @@
 Layout under the gateway's root directory R (default `/`):
 
     R/BUCKET/...            objects as files (key -> path: threefs/s3/keymap.py)
-    R/.s3/tmp/              new objects are written here, then renamed into place (sticky, 1777)
+    R/.s3/tmp/              new objects are written here, then renamed into place (1733: sticky,
+                            nobody lists others' names)
     R/.s3/meta/INODE        one metadata record per object file, named by its inode (JSON: ETag,
                             content type, user metadata, ...); a rename moves the inode, so data and
                             record are replaced together, atomically
@@ -91,17 +92,20 @@ class Store:
         """Create the gateway's own directories (idempotent; any gateway may do it)."""
         if self.root != "/":
             await self._mkdir_p(self.root, None)
-        for path, mode in ((self.sys, 0o755), (self.tmp, 0o1777), (self.meta, 0o700),
+        # tmp: anyone may create (sticky: only their own files), nobody else may list the names
+        for path, mode in ((self.sys, 0o755), (self.tmp, 0o1733), (self.meta, 0o700),
                            (self.uploads, 0o700), (f"{self.sys}/keys", 0o700)):
             try:
                 await self.aio.mkdir_at(NO_PARENT, path, mode)
-                if mode & 0o1000:
-                    await self.aio.setattr(path, mode=mode)
             except FileExistsError:
                 pass
+            if mode & 0o1000:  # the umask-free mode, also on a directory an older gateway made
+                await self.aio.setattr(path, mode=mode)
 
     # -- paths ------------------------------------------------------------------------------------
     def bucket_path(self, bucket: str) -> str:
+        if bucket.startswith(".") or "/" in bucket or not bucket:  # never the gateway's own .s3, never ..
+            raise S3Error("InvalidBucketName", f"bucket name {bucket!r} is not valid")
         return f"{self.root.rstrip('/')}/{bucket}"
 
     def object_paths(self, bucket: str, key: str) -> tuple[str, str, str]:
