@@ -172,3 +172,41 @@ def test_payload_hash_and_content_md5_mismatch(gateway, s3, bucket, admin_key):
     assert status == 400 and b"BadDigest" in text
     with pytest.raises(Exception):
         s3.head_object(Bucket=bucket, Key="bad-hash")
+
+
+def test_signed_trailer(gateway, s3, bucket, admin_key, rng):
+    """STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER: signed chunks, then a checksum trailer and its
+    signature (over `name:value\\n` lines, chained to the last chunk's signature)."""
+    data = rng.randbytes(70_000)
+    crc = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+    path = f"/{bucket}/signed-trailer"
+
+    def body_for(key, scope, amz_date, seed, trailer_value):
+        out, prev = [], seed
+        for chunk in (data, b""):
+            to_sign = "\n".join(["AWS4-HMAC-SHA256-PAYLOAD", amz_date, scope, prev,
+                                 hashlib.sha256(b"").hexdigest(), hashlib.sha256(chunk).hexdigest()])
+            prev = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+            out.append(f"{len(chunk):x};chunk-signature={prev}\r\n".encode() + chunk + (b"\r\n" if chunk else b""))
+        trailer = f"x-amz-checksum-crc32:{trailer_value}\n"
+        to_sign = "\n".join(["AWS4-HMAC-SHA256-TRAILER", amz_date, scope, prev,
+                             hashlib.sha256(trailer.encode()).hexdigest()])
+        sig = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+        out.append(f"x-amz-checksum-crc32:{trailer_value}\r\nx-amz-trailer-signature:{sig}\r\n\r\n".encode())
+        return b"".join(out)
+
+    length = len(body_for(b"k", "s", "d", "0" * 64, crc))
+    for good in (True, False):
+        headers, key, scope, amz_date, seed = _sign_headers("PUT", gateway.endpoint + path, {
+            "content-encoding": "aws-chunked", "x-amz-decoded-content-length": str(len(data)),
+            "x-amz-trailer": "x-amz-checksum-crc32", "content-length": str(length)},
+            *admin_key, sigv4.STREAMING_SIGNED_TRAILER)
+        body = body_for(key, scope, amz_date, seed, crc)
+        if not good:  # the trailer changed after signing
+            body = body.replace(crc.encode(), base64.b64encode(b"\0\0\0\0"), 1)
+        status, text = _send(gateway, "PUT", path, headers, body)
+        if good:
+            assert status == 200, text
+            assert s3.get_object(Bucket=bucket, Key="signed-trailer")["Body"].read() == data
+        else:
+            assert status in (400, 403) and (b"SignatureDoesNotMatch" in text or b"BadDigest" in text), text

@@ -294,12 +294,25 @@ class ChunkDecoder:
         """After the body: check that it ended properly and the trailing checksum; the trailers."""
         if self.state not in ("done", "trailer") or (self.state == "trailer" and self.buf):
             raise S3Error("IncompleteBody", "the aws-chunked body ended early")
+        if self.auth.payload_hash == STREAMING_SIGNED_TRAILER:
+            self._check_trailer_signature()
         if self.checksum is not None:
             sent = self.trailers.get(self.checksum.name)
             if sent is not None and sent != self.checksum.value():
                 raise S3Error("BadDigest", f"the {self.checksum.name} you specified did not match "
                               "what we received")
         return self.trailers
+
+
+    def _check_trailer_signature(self) -> None:
+        sent = self.trailers.get("x-amz-trailer-signature")
+        if sent is None:
+            raise S3Error("SignatureDoesNotMatch", "the signed aws-chunked trailer lacks x-amz-trailer-signature")
+        text = "".join(f"{k}:{v}\n" for k, v in self.trailers.items() if k != "x-amz-trailer-signature")
+        to_sign = "\n".join(("AWS4-HMAC-SHA256-TRAILER", self.auth.amz_date, self.auth.scope, self.prev_signature,
+                             hashlib.sha256(text.encode()).hexdigest()))
+        if not hmac.compare_digest(_hmac_hex(self.auth.key, to_sign), sent):
+            raise S3Error("SignatureDoesNotMatch", "the aws-chunked trailer's signature does not match")
 
 
 class Checksum:
