@@ -263,7 +263,10 @@ def main() -> None:
                 gw.stop()
     finally:
         nginx.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if os.environ.get("THREEFS_BENCH_KEEP"):
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
     print(f"load average after: {open('/proc/loadavg').read().strip()}")
 
 

@@ -17,7 +17,7 @@ _buckets = itertools.count()
 
 
 class Gateway:
-    def __init__(self, cluster, tmp, *extra: str):
+    def __init__(self, cluster, tmp, *extra: str, env: dict | None = None):
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / f"gateway-{self.port}.log"
@@ -25,7 +25,7 @@ class Gateway:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "threefs.s3.server", "--config", str(cluster.client_config_path),
              "--port", str(self.port), *extra], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
+            start_new_session=True, env=dict(os.environ, **(env or {})))
         log.close()
         try:
             wait_listening("127.0.0.1", self.port, self.proc)

@@ -16,7 +16,8 @@ from tests.s3.conftest import Gateway, client_for, error_code
 
 @pytest.fixture(scope="module")
 def second(cluster, gateway, tmp_path_factory):
-    g = Gateway(cluster, tmp_path_factory.mktemp("s3-second"))
+    # this one answers every CompleteMultipartUpload the long way (200 at once, whitespace, result)
+    g = Gateway(cluster, tmp_path_factory.mktemp("s3-second"), env={"THREEFS_S3_COMPLETE_KEEPALIVE_S": "0.001"})
     yield g
     g.stop()
     assert "Traceback" not in g.log(), g.log()[-3000:]
@@ -41,6 +42,10 @@ def test_two_gateways_serve_one_bucket(s3, second, admin_key, bucket, rng):
     e1 = other.upload_part(Bucket=bucket, Key="shared/mp", UploadId=uid, PartNumber=1, Body=parts[0])["ETag"]
     e2 = s3.upload_part(Bucket=bucket, Key="shared/mp", UploadId=uid, PartNumber=2, Body=parts[1])["ETag"]
     assert [p["PartNumber"] for p in other.list_parts(Bucket=bucket, Key="shared/mp", UploadId=uid)["Parts"]] == [1, 2]
+    with pytest.raises(ClientError) as e:  # an error after the 200 went out: in the body, still raised
+        other.complete_multipart_upload(Bucket=bucket, Key="shared/mp", UploadId=uid, MultipartUpload={
+            "Parts": [{"PartNumber": 1, "ETag": e2}, {"PartNumber": 2, "ETag": e2}]})
+    assert error_code(e) == "InvalidPart"
     other.complete_multipart_upload(Bucket=bucket, Key="shared/mp", UploadId=uid, MultipartUpload={
         "Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]})
     assert s3.get_object(Bucket=bucket, Key="shared/mp")["Body"].read() == b"".join(parts)

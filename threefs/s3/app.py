@@ -11,6 +11,7 @@ import base64
 import binascii
 import hashlib
 import logging
+import os
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -28,7 +29,8 @@ log = logging.getLogger("threefs.s3")
 
 STORED_HEADERS = ("cache-control", "content-disposition", "content-encoding", "content-language", "expires")
 USER_META_BYTES_MAX = 2048
-COMPLETE_KEEPALIVE_S = 5.0
+# CompleteMultipartUpload answers at once and sends whitespace after this long (tests set it tiny)
+COMPLETE_KEEPALIVE_S = float(os.environ.get("THREEFS_S3_COMPLETE_KEEPALIVE_S", "5.0"))
 SWEEP_INTERVAL_S = 3600.0
 RESPONSE_OVERRIDES = {"response-content-type": "content-type", "response-content-language": "content-language",
                       "response-expires": "expires", "response-cache-control": "cache-control",
@@ -587,6 +589,9 @@ class Gateway:
         return xmlout.simple("CompleteMultipartUploadResult", inner)
 
     async def _complete_stream(self, req: Request, task):
+        """As S3: the XML declaration at once, whitespace while the copy runs, then the result (or
+        the error) element. Clients parse the whole body, so an error here still reaches them."""
+        yield xmlout.HEAD.encode()
         try:
             while True:
                 done, _ = await asyncio.wait([task], timeout=COMPLETE_KEEPALIVE_S)
@@ -595,11 +600,12 @@ class Gateway:
                 yield b" "
             try:
                 etag, _ = task.result()
-                yield self._complete_xml(req, etag)
+                body = self._complete_xml(req, etag)
             except S3Error as e:
-                yield e.xml(req.resource)
+                body = e.xml(req.resource)
             except ThreeFSError as e:
-                yield from_threefs(e, req.key).xml(req.resource)
+                body = from_threefs(e, req.key).xml(req.resource)
+            yield body.split(b"?>", 1)[1].lstrip() if body.startswith(b"<?xml") else body
         finally:
             if not task.done():
                 task.cancel()
