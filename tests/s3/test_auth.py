@@ -74,9 +74,16 @@ def test_user_keys_apply_threefs_permissions(cluster, gateway, s3, bucket, fs):
     _cli(cluster, "admin", "user-add", name, "--uid", "4321")
     user = client_for(gateway.endpoint, _key_from(_cli(cluster, "admin", "s3-key-add", name)))
     s3.put_object(Bucket=bucket, Key="root-owned", Body=b"public read")
+    with pytest.raises(ClientError) as e:  # buckets are private (0700) as in S3 ...
+        user.get_object(Bucket=bucket, Key="root-owned")
+    assert error_code(e) == "AccessDenied"
+    with pytest.raises(ClientError) as e:
+        user.head_bucket(Bucket=bucket)
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    fs.chmod(f"/{bucket}", 0o755)  # ... until the owner shares it: POSIX permissions are what apply
     assert user.get_object(Bucket=bucket, Key="root-owned")["Body"].read() == b"public read"  # 0644
     with pytest.raises(ClientError) as e:
-        user.put_object(Bucket=bucket, Key="intrude", Body=b"x")  # root's bucket is 0755
+        user.put_object(Bucket=bucket, Key="intrude", Body=b"x")  # 0755: not writable to others
     assert error_code(e) == "AccessDenied"
     with pytest.raises(ClientError) as e:
         user.delete_object(Bucket=bucket, Key="root-owned")

@@ -210,7 +210,10 @@ class Gateway:
             await self.store.delete_bucket(b, req.cred)
             return Response(204)
         if m == "HEAD":
-            await self.store.bucket_attr(b, req.cred)
+            from threefs.s3.store import may
+
+            if not may(await self.store.bucket_attr(b, req.cred), req.cred, 1):
+                raise S3Error("AccessDenied", f"bucket {b} is not accessible to this key's user")
             return Response(200, {"x-amz-bucket-region": self.region})
         if m == "GET":
             return await self.list_objects(req)

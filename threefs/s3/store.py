@@ -32,6 +32,7 @@ from threefs.s3.errors import S3Error, from_threefs
 PIECE_BYTES = 8 << 20  # one storage batch of a streamed GET/PUT/copy
 PIECES_IN_FLIGHT = 3
 RECORD_CACHE_ENTRIES_MAX = 100_000
+BUCKET_MODE = 0o700  # private to its owner, as S3's default; chmod it (FUSE, CLI) to share
 TEMP_AGE_S_MAX = 24 * 3600.0  # a temp file untouched this long belongs to a PUT that died
 RETRIES_MAX = 8  # namespace races with other gateways (a parent removed under us, ...)
 
@@ -129,7 +130,7 @@ class Store:
     async def create_bucket(self, bucket: str, cred) -> None:
         keymap.check_bucket_name(bucket)
         try:  # any key may create buckets (as in S3): made by the gateway, then given to the user
-            await self.aio.mkdir_at(NO_PARENT, self.bucket_path(bucket), 0o755)
+            await self.aio.mkdir_at(NO_PARENT, self.bucket_path(bucket), BUCKET_MODE)
             if cred is not None:
                 await self.aio.setattr(self.bucket_path(bucket), uid=cred.uid, gid=cred.gid)
         except FileExistsError:
