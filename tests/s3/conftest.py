@@ -55,7 +55,7 @@ def admin_key(fs):
 
 @pytest.fixture(scope="session")
 def gateway(cluster, fs, admin_key, tmp_path_factory):
-    g = Gateway(cluster, tmp_path_factory.mktemp("s3"))
+    g = Gateway(cluster, tmp_path_factory.mktemp("s3"), env={"THREEFS_S3_KEY_CACHE_S": "1"})
     yield g
     g.stop()
     assert "Traceback" not in g.log(), g.log()[-3000:]

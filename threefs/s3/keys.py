@@ -14,13 +14,15 @@ import base64
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import string
 import time
 
 from threefs.rpc.schemas.meta import UserCred
 
-KEY_CACHE_S = 5.0  # a revoked key stops working on every gateway within this time
+# a revoked key stops working on every gateway within this time
+KEY_CACHE_S = float(os.environ.get("THREEFS_S3_KEY_CACHE_S", "5.0"))
 ACCESS_KEY_ALPHABET = string.ascii_uppercase + string.digits
 
 
