@@ -329,3 +329,16 @@ def test_abandoned_temp_files_are_swept(fs, gateway):
     store = Store(fs.aio)
     assert fs._run(store.sweep_temp(age_s_min=0)) >= 1
     assert not fs.exists("/.s3/tmp/abandoned-by-a-crash")
+
+
+def test_version_ids_and_unsupported_subresources(s3, bucket):
+    s3.put_object(Bucket=bucket, Key="k", Body=b"x")
+    assert s3.get_object(Bucket=bucket, Key="k", VersionId="null")["Body"].read() == b"x"
+    with pytest.raises(ClientError) as e:
+        s3.get_object(Bucket=bucket, Key="k", VersionId="3sL4kqtJlcpXroDTDmJ-rmSpXd3dIbrHY")
+    assert error_code(e) == "InvalidArgument"
+    with pytest.raises(ClientError) as e:
+        s3.put_object_retention(Bucket=bucket, Key="k", Retention={"Mode": "GOVERNANCE",
+                                "RetainUntilDate": datetime.datetime(2030, 1, 1)})
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 501
+    s3.delete_object(Bucket=bucket, Key="k", VersionId="null")

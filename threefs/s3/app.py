@@ -254,6 +254,12 @@ class Gateway:
 
     async def object_op(self, req: Request) -> Response:
         q, m = req.query, req.method
+        sub = next((s for s in _OBJECT_UNSUPPORTED if s in q), None)
+        if sub is not None:
+            raise S3Error("NotImplemented", f"the object sub-resource {sub!r} is not implemented", 501)
+        if q.get("versionId", "null") != "null":  # buckets are unversioned: every object is version "null"
+            raise S3Error("InvalidArgument", "Invalid version id specified", ArgumentName="versionId",
+                          ArgumentValue=q["versionId"])
         if "acl" in q:
             if m == "GET":
                 await self.store.head(req.bucket, req.key, req.cred)
@@ -615,6 +621,7 @@ class Gateway:
 
 
 _XML = {"content-type": "application/xml"}
+_OBJECT_UNSUPPORTED = ("attributes", "retention", "legal-hold", "restore", "select", "torrent")
 _BUCKET_SUBRESOURCES = ("uploads", "versions", "location", "versioning", "acl", "tagging", "policy", "cors", "lifecycle",
                         "encryption", "delete", "website", "logging", "notification", "replication",
                         "requestPayment", "ownershipControls", "publicAccessBlock", "object-lock",

@@ -70,6 +70,8 @@ class Request:
         expected = self.header("x-amz-decoded-content-length") if mode.startswith("STREAMING-") \
             else self.header("content-length")
         md5_sent = self.header("content-md5")
+        if "content-md5" in self.headers and not md5_sent:
+            raise S3Error("InvalidDigest", "the Content-MD5 you specified is empty")
         md5 = hashlib.md5() if md5_sent else None
         sha = hashlib.sha256() if len(mode) == 64 else None
         decoder = None

@@ -154,7 +154,8 @@ def _verify_query(method, paths, raw_query, headers, query, secret_of, now) -> A
     except ValueError:
         raise S3Error("AuthorizationQueryParametersError", "X-Amz-Expires must be a number") from None
     if not 0 <= expires <= PRESIGN_EXPIRES_S_MAX:
-        raise S3Error("AuthorizationQueryParametersError", "X-Amz-Expires must be between 0 and 604800")
+        raise S3Error("AccessDenied", "X-Amz-Expires must be less than a week (in seconds), that is, the given "
+                      "X-Amz-Expires must be less than 604800 seconds")
     signed_at = parse_amz_date(q["X-Amz-Date"])
     if now > signed_at + expires:
         raise S3Error("AccessDenied", "Request has expired", Expires=time.strftime(
