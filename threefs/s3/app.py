@@ -11,26 +11,23 @@ import base64
 import binascii
 import hashlib
 import logging
-import os
-import time
 import uuid
-import xml.etree.ElementTree as ET
-from urllib.parse import unquote
 
 from threefs.common.status import ThreeFSError
 from threefs.s3 import sigv4, xmlout
 from threefs.s3.errors import S3Error, from_threefs
-from threefs.s3.http import Request, http_date, parse_http_date
+from threefs.s3.http import Request, Response
 from threefs.s3.keys import KeyStore
 from threefs.s3.multipart import Multipart
+from threefs.s3.multipart_api import MultipartHandlers
+from threefs.s3.rules import (_check_conditions, _check_copy_conditions, _children, _copy_source,
+                              _etag_matches, _object_headers, _parse_range, _parse_xml, _part_range, _text)
 from threefs.s3.store import Store
 
 log = logging.getLogger("threefs.s3")
 
 STORED_HEADERS = ("cache-control", "content-disposition", "content-encoding", "content-language", "expires")
 USER_META_BYTES_MAX = 2048
-# CompleteMultipartUpload answers at once and sends whitespace after this long (tests set it tiny)
-COMPLETE_KEEPALIVE_S = float(os.environ.get("THREEFS_S3_COMPLETE_KEEPALIVE_S", "5.0"))
 SWEEP_INTERVAL_S = 3600.0
 RESPONSE_OVERRIDES = {"response-content-type": "content-type", "response-content-language": "content-language",
                       "response-expires": "expires", "response-cache-control": "cache-control",
@@ -38,13 +35,7 @@ RESPONSE_OVERRIDES = {"response-content-type": "content-type", "response-content
                       "response-content-encoding": "content-encoding"}
 
 
-class Response:
-    def __init__(self, status: int = 200, headers: dict | None = None, body: bytes = b"", stream=None,
-                 length: int | None = None):
-        self.status, self.headers, self.body, self.stream, self.length = status, headers or {}, body, stream, length
-
-
-class Gateway:
+class Gateway(MultipartHandlers):
     def __init__(self, config, root: str = "/", read_only: bool = False, region: str = "us-east-1"):
         self.config, self.root = config, root
         self.read_only = read_only
@@ -478,148 +469,6 @@ class Gateway:
         return Response(200, _XML, xmlout.simple("ListVersionsResult", inner))
 
     # -- multipart ---------------------------------------------------------------------------------
-    async def create_upload(self, req: Request) -> Response:
-        await self.store.bucket_attr(req.bucket, req.cred)
-        upload_id = await self.multipart.create(req.bucket, req.key, req.cred, req.user,
-                                                self._record_from_headers(req))
-        inner = (f"<Bucket>{_esc(req.bucket)}</Bucket><Key>{_esc(req.key)}</Key>"
-                 f"<UploadId>{upload_id}</UploadId>")
-        return Response(200, _XML, xmlout.simple("InitiateMultipartUploadResult", inner))
-
-    async def multipart_op(self, req: Request) -> Response:
-        q, m = req.query, req.method
-        upload_id = q["uploadId"]
-        if m == "PUT":
-            number = self.multipart.part_number(q.get("partNumber", ""))
-            if req.header("x-amz-copy-source"):
-                return await self.upload_part_copy(req, upload_id, number)
-
-            async def fill(rsp, hashers):
-                return await self.store.write_stream(rsp, req.body(), hashers)
-
-            etag = await self.multipart.upload_part(req.bucket, req.key, upload_id, number, fill)
-            return Response(200, {"etag": f'"{etag}"'})
-        if m == "GET":
-            return await self.list_parts(req, upload_id)
-        if m == "DELETE":
-            await self.multipart.abort(req.bucket, req.key, upload_id)
-            return Response(204)
-        if m == "POST":
-            return await self.complete_upload(req, upload_id)
-        raise S3Error("MethodNotAllowed", f"{m} is not allowed on an upload")
-
-    async def upload_part_copy(self, req: Request, upload_id: str, number: int) -> Response:
-        src_bucket, src_key = _copy_source(req.header("x-amz-copy-source"))
-        src = await self.store.head(src_bucket, src_key, req.cred)
-        _check_copy_conditions(req, src)
-        start, end = 0, src.size
-        rng = req.header("x-amz-copy-source-range")
-        if rng:
-            start, end = _parse_range(rng, src.size)
-            if start is None:
-                raise S3Error("InvalidArgument", f"the copy source range {rng!r} is not valid")
-
-        async def fill(rsp, hashers):
-            return await self.store.copy_data(src, start, end, rsp, hashers)
-
-        etag = await self.multipart.upload_part(req.bucket, req.key, upload_id, number, fill)
-        return Response(200, _XML, xmlout.copy_result("CopyPartResult", etag, time.time()))
-
-    async def list_parts(self, req: Request, upload_id: str) -> Response:
-        info = await self.multipart.info(req.bucket, req.key, upload_id)
-        parts = await self.multipart.parts(req.bucket, upload_id)
-        try:
-            marker = int(req.query.get("part-number-marker", "0") or 0)
-            max_parts = min(1000, int(req.query.get("max-parts", "1000")))
-        except ValueError:
-            raise S3Error("InvalidArgument", "part-number-marker and max-parts must be integers") from None
-        parts = [p for p in parts if p[0] > marker]
-        truncated = len(parts) > max_parts
-        parts = parts[:max_parts]
-        from threefs.s3.http import iso_date
-
-        items = "".join(f"<Part><PartNumber>{n}</PartNumber><LastModified>{iso_date(a.mtime_ns / 1e9)}"
-                        f"</LastModified><ETag>&quot;{r.get('etag', '')}&quot;</ETag><Size>{a.length}</Size></Part>"
-                        for n, a, r in parts)
-        own = xmlout.owner(info["uid"], info["user"])
-        inner = (f"<Bucket>{_esc(req.bucket)}</Bucket><Key>{_esc(req.key)}</Key><UploadId>{upload_id}</UploadId>"
-                 f"<Initiator><ID>{info['uid']}</ID><DisplayName>{_esc(info['user'])}</DisplayName></Initiator>"
-                 f"{own}<StorageClass>STANDARD</StorageClass><PartNumberMarker>{marker}</PartNumberMarker>"
-                 f"<NextPartNumberMarker>{parts[-1][0] if parts else marker}</NextPartNumberMarker>"
-                 f"<MaxParts>{max_parts}</MaxParts><IsTruncated>{'true' if truncated else 'false'}</IsTruncated>"
-                 f"{items}")
-        return Response(200, _XML, xmlout.simple("ListPartsResult", inner))
-
-    async def list_uploads(self, req: Request) -> Response:
-        prefix = req.query.get("prefix", "")
-        uploads = [u for u in await self.multipart.uploads(req.bucket) if u[0].startswith(prefix)]
-        key_marker = req.query.get("key-marker", "")
-        if key_marker:
-            uploads = [u for u in uploads if u[0] > key_marker]
-        max_uploads = min(1000, int(req.query.get("max-uploads", "1000") or 1000))
-        truncated = len(uploads) > max_uploads
-        uploads = uploads[:max_uploads]
-        from threefs.s3.http import iso_date
-
-        items = "".join(
-            f"<Upload><Key>{_esc(k)}</Key><UploadId>{uid}</UploadId><Initiator><ID>{i['uid']}</ID>"
-            f"<DisplayName>{_esc(i['user'])}</DisplayName></Initiator>{xmlout.owner(i['uid'], i['user'])}"
-            f"<StorageClass>STANDARD</StorageClass><Initiated>{iso_date(i['initiated'])}</Initiated></Upload>"
-            for k, uid, i in uploads)
-        nxt = (f"<NextKeyMarker>{_esc(uploads[-1][0])}</NextKeyMarker><NextUploadIdMarker>{uploads[-1][1]}"
-               "</NextUploadIdMarker>") if truncated and uploads else ""
-        inner = (f"<Bucket>{_esc(req.bucket)}</Bucket><KeyMarker>{_esc(key_marker)}</KeyMarker>"
-                 f"<UploadIdMarker></UploadIdMarker>{nxt}<Prefix>{_esc(prefix)}</Prefix>"
-                 f"<MaxUploads>{max_uploads}</MaxUploads><IsTruncated>{'true' if truncated else 'false'}"
-                 f"</IsTruncated>{items}")
-        return Response(200, _XML, xmlout.simple("ListMultipartUploadsResult", inner))
-
-    async def complete_upload(self, req: Request, upload_id: str) -> Response:
-        root = _parse_xml(await req.read_small())
-        wanted = []
-        for p in _children(root, "Part"):
-            n, etag = _text(p, "PartNumber"), _text(p, "ETag")
-            if not n or not n.isdigit() or etag is None:
-                raise S3Error("MalformedXML", "each Part needs a PartNumber and an ETag")
-            wanted.append((int(n), etag))
-        task = asyncio.ensure_future(self.multipart.complete(
-            req.bucket, req.key, upload_id, wanted, req.cred, req.header("if-none-match") == "*"))
-        done, _ = await asyncio.wait([task], timeout=COMPLETE_KEEPALIVE_S)
-        if done:
-            etag, _ = task.result()
-            return Response(200, _XML, self._complete_xml(req, etag))
-        # a long copy: answer 200 now and keep the connection alive with whitespace, as S3 does;
-        # an error after this point goes in the body (clients check CompleteMultipartUpload's body)
-        return Response(200, _XML, stream=self._complete_stream(req, task))
-
-    def _complete_xml(self, req: Request, etag: str) -> bytes:
-        inner = (f"<Location>/{_esc(req.bucket)}/{_esc(req.key)}</Location><Bucket>{_esc(req.bucket)}</Bucket>"
-                 f"<Key>{_esc(req.key)}</Key><ETag>&quot;{etag}&quot;</ETag>")
-        return xmlout.simple("CompleteMultipartUploadResult", inner)
-
-    async def _complete_stream(self, req: Request, task):
-        """As S3: the XML declaration at once, whitespace while the copy runs, then the result (or
-        the error) element. Clients parse the whole body, so an error here still reaches them."""
-        yield xmlout.HEAD.encode()
-        try:
-            while True:
-                done, _ = await asyncio.wait([task], timeout=COMPLETE_KEEPALIVE_S)
-                if done:
-                    break
-                yield b" "
-            try:
-                etag, _ = task.result()
-                body = self._complete_xml(req, etag)
-            except S3Error as e:
-                body = e.xml(req.resource)
-            except ThreeFSError as e:
-                body = from_threefs(e, req.key).xml(req.resource)
-            yield body.split(b"?>", 1)[1].lstrip() if body.startswith(b"<?xml") else body
-        finally:
-            if not task.done():
-                task.cancel()
-
-
 _XML = {"content-type": "application/xml"}
 _OBJECT_UNSUPPORTED = ("attributes", "retention", "legal-hold", "restore", "select", "torrent")
 _BUCKET_SUBRESOURCES = ("uploads", "versions", "location", "versioning", "acl", "tagging", "policy", "cors", "lifecycle",
@@ -647,120 +496,3 @@ def _access_key_of(req: Request) -> str | None:
         return req.query["AWSAccessKeyId"]
     cred = req.query.get("X-Amz-Credential")
     return cred.split("/", 1)[0] if cred else None
-
-
-def _object_headers(info) -> dict:
-    r = info.record
-    headers = {"etag": f'"{info.etag}"', "last-modified": http_date(info.mtime),
-               "content-type": r.get("ct", "binary/octet-stream"), "accept-ranges": "bytes"}
-    headers.update(r.get("h", {}))
-    for k, v in (r.get("meta") or {}).items():
-        headers["x-amz-meta-" + k] = v
-    return headers
-
-
-def _etag_matches(header: str, etag: str) -> bool:
-    return any(t.strip() in ("*", f'"{etag}"', etag) for t in header.split(","))
-
-
-def _check_conditions(req: Request, info, headers: dict) -> None:
-    """RFC 7232 as S3 applies it: If-Match / If-Unmodified-Since -> 412; If-None-Match /
-    If-Modified-Since -> 304 (412 for the former on writes is handled by the writers)."""
-    mtime = int(info.mtime)
-    im, inm = req.header("if-match"), req.header("if-none-match")
-    ims, ius = req.header("if-modified-since"), req.header("if-unmodified-since")
-    if im and not _etag_matches(im, info.etag):
-        raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did not hold",
-                      Condition="If-Match")
-    if ius and not im:
-        t = parse_http_date(ius)
-        if t is not None and mtime > t:
-            raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did not "
-                          "hold", Condition="If-Unmodified-Since")
-    not_modified = {"etag": headers["etag"], "last-modified": headers["last-modified"]}
-    if inm and _etag_matches(inm, info.etag):
-        raise S3Error("NotModified", "not modified", 304, **not_modified)
-    if ims and not inm:
-        t = parse_http_date(ims)
-        if t is not None and mtime <= t:
-            raise S3Error("NotModified", "not modified", 304, **not_modified)
-
-
-def _check_copy_conditions(req: Request, src) -> None:
-    mtime = int(src.mtime)
-    im, inm = req.header("x-amz-copy-source-if-match"), req.header("x-amz-copy-source-if-none-match")
-    ims = req.header("x-amz-copy-source-if-modified-since")
-    ius = req.header("x-amz-copy-source-if-unmodified-since")
-    failed = (im and not _etag_matches(im, src.etag)) or (inm and _etag_matches(inm, src.etag))
-    if not failed and ius and not im:
-        t = parse_http_date(ius)
-        failed = t is not None and mtime > t
-    if not failed and ims and not inm:
-        t = parse_http_date(ims)
-        failed = t is not None and mtime <= t
-    if failed:
-        raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did not hold")
-
-
-def _copy_source(text: str) -> tuple[str, str]:
-    src = unquote(text.split("?versionId=", 1)[0])
-    src = src[1:] if src.startswith("/") else src
-    bucket, _, key = src.partition("/")
-    if not bucket or not key:
-        raise S3Error("InvalidArgument", "x-amz-copy-source must be BUCKET/KEY", ArgumentName="x-amz-copy-source")
-    return bucket, key
-
-
-def _parse_range(text: str, size: int) -> tuple[int | None, int | None]:
-    """A single `bytes=` range -> [start, end); (None, None) to ignore it (serve the whole object)."""
-    if not text.startswith("bytes=") or "," in text:
-        return None, None
-    first, _, last = text[6:].strip().partition("-")
-    try:
-        if first == "":
-            n = int(last)
-            if n == 0:
-                raise S3Error("InvalidRange", "the requested range is not satisfiable", size=size,
-                              ActualObjectSize=str(size), RangeRequested=text)
-            return max(0, size - n), size
-        start = int(first)
-        end = int(last) + 1 if last else size
-    except ValueError:
-        return None, None
-    if end <= start and last:
-        return None, None
-    if start >= size:
-        raise S3Error("InvalidRange", "the requested range is not satisfiable", size=size,
-                      ActualObjectSize=str(size), RangeRequested=text)
-    return start, min(end, size)
-
-
-def _part_range(info, text: str) -> str:
-    parts = info.record.get("parts") or [info.size]
-    if not text.isdigit() or not 1 <= int(text) <= len(parts):
-        raise S3Error("InvalidPartNumber", "the requested partnumber is not satisfiable", 416)
-    n = int(text)
-    start = sum(parts[:n - 1])
-    return f"bytes={start}-{start + parts[n - 1] - 1}"
-
-
-def _parse_xml(body: bytes):
-    try:
-        return ET.fromstring(body)
-    except ET.ParseError:
-        raise S3Error("MalformedXML", "the XML you provided was not well-formed") from None
-
-
-def _local(tag: str) -> str:
-    return tag.rsplit("}", 1)[-1]
-
-
-def _children(root, name: str) -> list:
-    return [c for c in root if _local(c.tag) == name]
-
-
-def _text(node, name: str) -> str | None:
-    for c in node:
-        if _local(c.tag) == name:
-            return c.text or ""
-    return None

@@ -129,6 +129,12 @@ class Request:
         return bytes(out)
 
 
+class Response:
+    def __init__(self, status: int = 200, headers: dict | None = None, body: bytes = b"", stream=None,
+                 length: int | None = None):
+        self.status, self.headers, self.body, self.stream, self.length = status, headers or {}, body, stream, length
+
+
 def http_date(t: float) -> str:
     return email.utils.formatdate(t, usegmt=True)
 
