@@ -374,9 +374,12 @@ class Store:
         async def record_written():
             await self.fill_record(opened or await self.create_record(rsp.attr.inode), record)
 
-        attr, _ = await asyncio.gather(self.aio.close_file(rsp.attr.inode, rsp.session, length), record_written())
+        _, plain, alt = self.object_paths(bucket, key)
+        attr, _, first_look = await asyncio.gather(  # one round trip for three calls
+            self.aio.close_file(rsp.attr.inode, rsp.session, length), record_written(),
+            self.aio.batch_stat([plain, alt], follow=False))
         try:
-            old = await self._rename_into_place(temp_path, bucket, key, cred, if_none_match)
+            old = await self._rename_into_place(temp_path, bucket, key, cred, if_none_match, first_look)
         except BaseException:
             await self.discard(temp_path)
             await self.drop_record(attr.inode)
@@ -385,10 +388,13 @@ class Store:
             await self.drop_record(old)
         return attr
 
-    async def _rename_into_place(self, temp: str, bucket: str, key: str, cred, noreplace: bool) -> int | None:
+    async def _rename_into_place(self, temp: str, bucket: str, key: str, cred, noreplace: bool,
+                                 first_look: list | None = None) -> int | None:
+        """Rename temp onto the key's plain name, or its %o name while the plain one is a directory;
+        returns the inode it replaced. `first_look`: a batch stat of (plain, alt) already made."""
         parent, plain, alt = self.object_paths(bucket, key)
         for _ in range(RETRIES_MAX):
-            attrs = await self.aio.batch_stat([plain, alt], follow=False)
+            attrs, first_look = first_look or await self.aio.batch_stat([plain, alt], follow=False), None
             old_plain, old_alt = (None if isinstance(a, Exception) else a for a in attrs)
             target = alt if old_plain is not None and old_plain.type == DIRECTORY else plain
             old = old_alt if target == alt else old_plain
