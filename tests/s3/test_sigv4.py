@@ -210,3 +210,38 @@ def test_signed_trailer(gateway, s3, bucket, admin_key, rng):
             assert s3.get_object(Bucket=bucket, Key="signed-trailer")["Body"].read() == data
         else:
             assert status in (400, 403) and (b"SignatureDoesNotMatch" in text or b"BadDigest" in text), text
+
+
+def test_expect_100_continue(gateway, s3, bucket, admin_key):
+    """A refused PUT is answered before its body is sent; an accepted one gets `100 Continue`."""
+    import socket
+
+    def start(path: str, length: int) -> socket.socket:
+        headers, *_ = _sign_headers("PUT", gateway.endpoint + path, {"content-length": str(length),
+                                    "expect": "100-continue"}, *admin_key, sigv4.UNSIGNED)
+        sock = socket.create_connection(("127.0.0.1", gateway.port), timeout=30)
+        head = f"PUT {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        sock.sendall(head.encode())
+        return sock
+
+    def read_head(sock) -> bytes:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            piece = sock.recv(65536)
+            assert piece, "connection closed"
+            data += piece
+        return data
+
+    sock = start("/no-such-bucket-for-100/k", 1 << 30)  # a GiB that is never sent
+    try:
+        assert read_head(sock).startswith(b"HTTP/1.1 404")
+    finally:
+        sock.close()
+    sock = start(f"/{bucket}/continued", 5)
+    try:
+        assert read_head(sock).startswith(b"HTTP/1.1 100")
+        sock.sendall(b"hello")
+        assert read_head(sock).startswith(b"HTTP/1.1 200")
+    finally:
+        sock.close()
+    assert s3.get_object(Bucket=bucket, Key="continued")["Body"].read() == b"hello"

@@ -301,7 +301,8 @@ class Gateway(MultipartHandlers):
 
     async def put_object(self, req: Request) -> Response:
         b, k = req.bucket, req.key
-        self.store.object_paths(b, k)  # a missing bucket shows when the object is renamed into place
+        self.store.object_paths(b, k)
+        await self.store.check_bucket(b, req.cred)
         if not req.header("content-length") and not req.header("x-amz-decoded-content-length") \
                 and "chunked" not in req.header("transfer-encoding"):
             raise S3Error("MissingContentLength", "you must provide the Content-Length HTTP header")

@@ -32,6 +32,7 @@ from threefs.s3.errors import S3Error, from_threefs
 PIECE_BYTES = 8 << 20  # one storage batch of a streamed GET/PUT/copy
 PIECES_IN_FLIGHT = 3
 RECORD_CACHE_ENTRIES_MAX = 100_000
+BUCKET_SEEN_S = 2.0
 BUCKET_MODE = 0o700  # private to its owner, as S3's default; chmod it (FUSE, CLI) to share
 TEMP_AGE_S_MAX = 24 * 3600.0  # a temp file untouched this long belongs to a PUT that died
 RETRIES_MAX = 8  # namespace races with other gateways (a parent removed under us, ...)
@@ -88,6 +89,7 @@ class Store:
         # records by (inode, mtime): a record changes only with its inode, or by a metadata-only copy,
         # which also moves the object's mtime (so no gateway serves a stale record from its cache)
         self._records: collections.OrderedDict = collections.OrderedDict()
+        self._buckets_seen: dict[tuple[str, int], float] = {}
 
     async def setup(self) -> None:
         """Create the gateway's own directories (idempotent; any gateway may do it)."""
@@ -126,6 +128,18 @@ class Store:
         if attr.type != DIRECTORY:
             raise S3Error("NoSuchBucket", "the specified bucket does not exist", BucketName=bucket)
         return attr
+
+    async def check_bucket(self, bucket: str, cred) -> None:
+        """NoSuchBucket before a PUT reads its body (an Expect: 100-continue client then sends none);
+        a bucket seen in the last BUCKET_SEEN_S is not looked up again (a bucket deleted meanwhile
+        still fails the PUT, at its rename)."""
+        seen = (bucket, cred.uid if cred else 0)
+        if time.monotonic() - self._buckets_seen.get(seen, -BUCKET_SEEN_S) < BUCKET_SEEN_S:
+            return
+        await self.bucket_attr(bucket, cred)
+        if len(self._buckets_seen) > 10_000:
+            self._buckets_seen.clear()
+        self._buckets_seen[seen] = time.monotonic()
 
     async def create_bucket(self, bucket: str, cred) -> None:
         keymap.check_bucket_name(bucket)
