@@ -88,7 +88,8 @@ def cmd_down(args) -> int:
     unmounted = unmount_for_cluster(cluster)
     from threefs.cli.s3_cmd import stop_for_cluster  # [s3]
 
-    stop_for_cluster(cluster)
+    if (stopped_s3 := stop_for_cluster(cluster)) is not None:
+        print(stopped_s3)
     if unmounted:
         print(f"unmounted {unmounted}")
     stopped = cluster.down()
