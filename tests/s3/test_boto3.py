@@ -342,3 +342,54 @@ def test_version_ids_and_unsupported_subresources(s3, bucket):
                                 "RetainUntilDate": datetime.datetime(2030, 1, 1)})
     assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 501
     s3.delete_object(Bucket=bucket, Key="k", VersionId="null")
+
+
+def _form(fields: dict, file_bytes: bytes, boundary: str = "----threefsformboundary") -> tuple[bytes, str]:
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+             for k, v in fields.items()]
+    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="up.txt"\r\n'
+                 "Content-Type: text/plain\r\n\r\n".encode() + file_bytes + f"\r\n--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+def _post(gateway, bucket, body, ctype):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=60)
+    try:
+        conn.request("POST", f"/{bucket}", body=body, headers={"Content-Type": ctype})
+        r = conn.getresponse()
+        return r.status, r.read(), dict(r.getheaders())
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("version", ["s3v4", "s3"])
+def test_browser_post_upload(gateway, admin_key, bucket, rng, version):
+    from tests.s3.conftest import client_for
+
+    s3 = client_for(gateway.endpoint, admin_key, signature_version=version)
+    data = rng.randbytes(200_000)
+    post = s3.generate_presigned_post(bucket, "uploads/${filename}", Fields={"success_action_status": "201",
+                                      "Content-Type": "text/plain"}, Conditions=[
+        ["starts-with", "$key", "uploads/"], {"success_action_status": "201"}, {"Content-Type": "text/plain"},
+        ["content-length-range", 1, 1 << 20]], ExpiresIn=600)
+    body, ctype = _form(post["fields"], data)
+    status, text, _ = _post(gateway, bucket, body, ctype)
+    assert status == 201 and b"<Key>uploads/up.txt</Key>" in text, text
+    got = s3.get_object(Bucket=bucket, Key="uploads/up.txt")
+    assert got["Body"].read() == data and got["ContentType"] == "text/plain"
+    sig = "x-amz-signature" if "x-amz-signature" in post["fields"] else "signature"
+    # a field the policy does not allow, a key outside its prefix, a bad signature: refused, nothing lands
+    for change, code in (({"x-amz-meta-extra": "1"}, b"AccessDenied"), ({"key": "elsewhere/x"}, b"AccessDenied"),
+                         ({sig: post["fields"][sig][:-4] + "AAAA"}, b"SignatureDoesNotMatch")):
+        body, ctype = _form(dict(post["fields"], **change), data)
+        status, text, _ = _post(gateway, bucket, body, ctype)
+        assert status in (400, 403) and code in text, (change, status, text)
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == ["uploads/up.txt"]
+    body, ctype = _form(post["fields"], rng.randbytes((1 << 20) + 1))
+    status, text, _ = _post(gateway, bucket, body, ctype)
+    assert status == 400 and b"EntityTooLarge" in text
+    body, ctype = _form({"key": "anon"}, b"x")
+    status, text, _ = _post(gateway, bucket, body, ctype)
+    assert status == 403 and b"AccessDenied" in text

@@ -123,8 +123,8 @@ class Gateway(MultipartHandlers):
                                              not in headers else headers["content-length"])
         elif rsp.length is not None:
             headers["content-length"] = str(rsp.length)
-        if not req.body_used and req.method in ("PUT", "POST") and rsp.status >= 400:
-            headers["connection"] = "close"  # the body was never read: do not parse it as a request
+        if not req.body_done and req.method in ("PUT", "POST") and rsp.status >= 400:
+            headers["connection"] = "close"  # the body was not (all) read: do not parse it as a request
         raw = [(k.encode("latin-1"), str(v).encode("latin-1", "replace")) for k, v in headers.items()]
         await send({"type": "http.response.start", "status": rsp.status, "headers": raw})
         if rsp.stream is None:
@@ -173,6 +173,9 @@ class Gateway(MultipartHandlers):
             req.bucket.encode("utf-8")
         except UnicodeEncodeError:
             raise S3Error("InvalidURI", "couldn't parse the specified URI: not valid UTF-8") from None
+        if req.method == "POST" and req.bucket and not req.key and not req.query \
+                and req.header("content-type").startswith("multipart/form-data"):
+            return await self.post_object(req)  # a browser upload: its signed policy is the auth
         await self.authenticate(req)
         if self.read_only and req.method not in ("GET", "HEAD"):
             raise S3Error("AccessDenied", "this gateway is read-only (threefs s3 serve --read-only); send "
@@ -396,6 +399,55 @@ class Gateway(MultipartHandlers):
         attr = await self.store.publish(temp, rsp, length, record, req.bucket, req.key, req.cred)
         return Response(200, _XML, xmlout.copy_result("CopyObjectResult", src.etag, attr.mtime_ns / 1e9))
 
+    async def post_object(self, req: Request) -> Response:
+        from threefs.s3 import post
+
+        boundary = req.header("content-type").partition("boundary=")[2].strip().strip('"')
+        if not boundary:
+            raise S3Error("MalformedPOSTRequest", "multipart/form-data without a boundary")
+        req.body_used = True
+        form = post.FormReader(req._raw_body(), boundary)
+        fields, filename, file_type = await form.fields()
+        lower = {k.lower(): v for k, v in fields.items()}
+        access_key = lower.get("awsaccesskeyid") or lower.get("x-amz-credential", "").split("/", 1)[0]
+        found = await self.keys.lookup(access_key) if access_key else None
+
+        def secret_of(k: str) -> str:
+            if found is None:
+                raise S3Error("InvalidAccessKeyId", "the AWS access key id you provided does not exist in our "
+                              "records", AWSAccessKeyId=k)
+            return found[0]
+
+        _, length_range = post.check_policy(fields, req.bucket, secret_of)
+        if self.read_only:
+            raise S3Error("AccessDenied", "this gateway is read-only")
+        cred = None if found[1].uid == 0 else found[1]
+        if "key" not in lower:
+            raise S3Error("InvalidArgument", "Bucket POST must contain a field named 'key'", ArgumentName="key")
+        key = lower["key"].replace("${filename}", filename)
+        self.store.object_paths(req.bucket, key)
+        await self.store.check_bucket(req.bucket, cred)
+        record = self._record_from_fields(lower, file_type)
+        temp, rsp = await self.store.new_temp(cred)
+        md5 = hashlib.md5()
+        try:
+            length = await self.store.write_stream(rsp, form.file_body(), [md5])
+            if length_range and not length_range[0] <= length <= length_range[1]:
+                code = "EntityTooSmall" if length < length_range[0] else "EntityTooLarge"
+                raise S3Error(code, f"your upload of {length} bytes is outside the policy's content-length-range "
+                              f"{length_range}")
+        except BaseException:
+            await self.store.discard(temp)
+            raise
+        record["etag"] = md5.hexdigest()
+        await self.store.publish(temp, rsp, length, record, req.bucket, key, cred)
+        return _post_response(req, lower, key, record["etag"])
+
+    def _record_from_fields(self, lower: dict, file_type: str) -> dict:
+        meta = {k[11:]: v for k, v in lower.items() if k.startswith("x-amz-meta-")}
+        stored = {h: lower[h] for h in STORED_HEADERS if lower.get(h)}
+        return {"ct": lower.get("content-type") or "binary/octet-stream", "meta": meta, "h": stored}
+
     async def delete_objects(self, req: Request) -> Response:
         await self.store.bucket_attr(req.bucket, req.cred)
         root = _parse_xml(await req.read_small())
@@ -476,6 +528,23 @@ _BUCKET_SUBRESOURCES = ("uploads", "versions", "location", "versioning", "acl", 
                         "encryption", "delete", "website", "logging", "notification", "replication",
                         "requestPayment", "ownershipControls", "publicAccessBlock", "object-lock",
                         "accelerate", "analytics", "inventory", "metrics", "intelligent-tiering")
+
+
+def _post_response(req: Request, lower: dict, key: str, etag: str) -> Response:
+    from urllib.parse import quote
+
+    headers = {"etag": f'"{etag}"', "location": f"/{req.bucket}/{quote(key)}"}
+    redirect = lower.get("success_action_redirect") or lower.get("redirect")
+    if redirect:
+        sep = "&" if "?" in redirect else "?"
+        headers["location"] = f"{redirect}{sep}bucket={quote(req.bucket)}&key={quote(key)}&etag=%22{etag}%22"
+        return Response(303, headers)
+    status = lower.get("success_action_status", "204")
+    if status == "201":
+        inner = (f"<Location>/{_esc(req.bucket)}/{_esc(key)}</Location><Bucket>{_esc(req.bucket)}</Bucket>"
+                 f"<Key>{_esc(key)}</Key><ETag>&quot;{etag}&quot;</ETag>")
+        return Response(201, dict(headers, **_XML), xmlout.simple("PostResponse", inner))
+    return Response(200 if status == "200" else 204, headers)
 
 
 def _esc(s: str) -> str:

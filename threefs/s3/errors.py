@@ -32,6 +32,8 @@ STATUS_OF = {
     "InvalidStorageClass": 400,
     "KeyTooLongError": 400,
     "MalformedXML": 400,
+    "MalformedPOSTRequest": 400,
+    "InvalidPolicyDocument": 400,
     "MethodNotAllowed": 405,
     "MissingContentLength": 411,
     "NoSuchBucket": 404,

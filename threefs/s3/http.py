@@ -39,6 +39,7 @@ class Request:
         self.user = ""
         self.access_key = ""
         self.body_used = False
+        self.body_done = False  # the whole body was received
 
     def header(self, name: str, default: str = "") -> str:
         v = self.headers.get(name)
@@ -59,6 +60,7 @@ class Request:
             if body:
                 yield body
             if not msg.get("more_body", False):
+                self.body_done = True
                 return
 
     async def body(self):

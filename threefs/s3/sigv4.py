@@ -386,14 +386,17 @@ def verify_v2(method: str, raw_path: str, query: dict[str, str], headers: dict[s
     else:
         return None
     secret = secret_of(access_key)
-    to_sign = _v2_string_to_sign(method, quote(path, safe="/~"), query, headers, date)
-    want = base64.b64encode(hmac.new(secret.encode(), to_sign.encode("utf-8", "surrogateescape"),
-                                     hashlib.sha1).digest()).decode()
-    if not hmac.compare_digest(want, signature):
-        to_sign = _v2_string_to_sign(method, raw_path, query, headers, date)
-        want = base64.b64encode(hmac.new(secret.encode(), to_sign.encode("latin-1", "replace"),
+    # candidates: as sent, re-encoded, and a bucket's path with the trailing "/" botocore signs
+    candidates = [quote(path, safe="/~"), raw_path]
+    if path.count("/") == 1 and len(path) > 1:
+        candidates.append(path + "/")
+    for candidate in dict.fromkeys(candidates):
+        to_sign = _v2_string_to_sign(method, candidate, query, headers, date)
+        want = base64.b64encode(hmac.new(secret.encode(), to_sign.encode("utf-8", "surrogateescape"),
                                          hashlib.sha1).digest()).decode()
-        if not hmac.compare_digest(want, signature):
-            raise S3Error("SignatureDoesNotMatch", "the request signature we calculated does not match the "
-                          "signature you provided; check your key and signing method", AWSAccessKeyId=access_key)
+        if hmac.compare_digest(want, signature):
+            break
+    else:
+        raise S3Error("SignatureDoesNotMatch", "the request signature we calculated does not match the "
+                      "signature you provided; check your key and signing method", AWSAccessKeyId=access_key)
     return Auth(access_key, UNSIGNED)
