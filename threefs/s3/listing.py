@@ -43,8 +43,12 @@ def _skippable(bound: str, start_after: str) -> bool:
     return bound <= start_after and not start_after.startswith(bound)
 
 
-async def _read_dir(store, path: str, cred) -> list:
-    entries, after = [], ""
+ESCAPED_END = "&"  # every escaped name starts with "%": all of them sort below "&"
+
+
+async def _read_range(store, path: str, cred, after: str, stop) -> list:
+    """Directory entries after `after` (exclusive), page by page, until stop(name) is true."""
+    entries = []
     while True:
         try:
             rsp = await store.aio.readdir(path, after, user=cred)
@@ -52,10 +56,46 @@ async def _read_dir(store, path: str, cred) -> list:
             return entries
         except ThreeFSError as e:
             raise from_threefs(e, path) from None
-        entries.extend(rsp.entries)
+        for e in rsp.entries:
+            if stop(e.name):
+                return entries
+            entries.append(e)
         if not rsp.more or not rsp.entries:
             return entries
         after = rsp.entries[-1].name
+
+
+def _plain_segment(text: str, bound: str) -> str:
+    """The segment of `text` right below the directory `bound`, if it is stored as a plain name."""
+    if not text.startswith(bound) or len(text) == len(bound):
+        return ""
+    seg = text[len(bound):].split("/", 1)[0]
+    return seg if seg and keymap.encode_segment(seg) == [seg] else ""
+
+
+def _just_below(name: str) -> str:
+    c = ord(name[-1]) - 1
+    if 0xD800 <= c <= 0xDFFF:
+        c = 0xD7FF
+    return name[:-1] + chr(c) + "\U0010ffff" * 4
+
+
+async def _read_dir(store, path: str, cred, bound: str, prefix: str, start_after: str) -> list:
+    """The entries of a directory that can hold wanted keys. Plain names sort as their keys do, so
+    the plain ones below the prefix's or start-after's segment are skipped (read from just below it,
+    and up to the last name the prefix allows); the escaped names (all below ESCAPED_END) are always
+    read, since their keys sort elsewhere."""
+    low = max(_plain_segment(start_after, bound), _plain_segment(prefix, bound))
+    want = _plain_segment(prefix, bound)
+    def high(name: str) -> bool:  # past every plain name the prefix allows (escaped ones come before)
+        return bool(want) and name >= ESCAPED_END and name > want and not name.startswith(want)
+
+    if not low or low <= ESCAPED_END:
+        return await _read_range(store, path, cred, "", high)
+    escaped = await _read_range(store, path, cred, "", lambda n: n >= ESCAPED_END)
+    rest = await _read_range(store, path, cred, _just_below(low), high)
+    seen = {e.name for e in escaped}
+    return escaped + [e for e in rest if e.name not in seen]
 
 
 async def list_page(store, bucket: str, cred, prefix: str, delimiter: str, start_after: str,
@@ -84,7 +124,7 @@ async def list_page(store, bucket: str, cred, prefix: str, delimiter: str, start
                         items += 1
                         files.append((cp, None, None))
                     continue
-            entries = await _read_dir(store, path, cred)
+            entries = await _read_dir(store, path, cred, bound, prefix, start_after)
             if len(heap) + len(entries) > HEAP_ENTRIES_MAX:
                 raise S3Error("InternalError", f"listing needs more than {HEAP_ENTRIES_MAX} entries in memory",
                               500)
