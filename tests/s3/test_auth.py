@@ -100,6 +100,9 @@ def test_user_keys_apply_threefs_permissions(cluster, gateway, s3, bucket, fs):
         assert fs.stat(f"/{own}/mine/file").uid == 4321  # objects belong to the key's user
         assert [b["Name"] for b in user.list_buckets()["Buckets"]] == [own]
         assert s3.get_object(Bucket=own, Key="mine/file")["Body"].read() == b"user data"
+        with pytest.raises(ClientError) as e:  # copying needs read permission on the source too
+            user.copy_object(Bucket=own, Key="stolen", CopySource=f"{bucket}/root-owned")
+        assert error_code(e) == "AccessDenied"
         user.delete_object(Bucket=own, Key="mine/file")
     finally:
         user.delete_bucket(Bucket=own)

@@ -338,11 +338,7 @@ class Gateway(MultipartHandlers):
         return Response(200, headers)
 
     async def get_object(self, req: Request) -> Response:
-        info = await self.store.head(req.bucket, req.key, req.cred)
-        from threefs.s3.store import may
-
-        if not may(info.attr, req.cred, 4):
-            raise S3Error("AccessDenied", f"threefs denies reading {req.key} (mode {info.attr.mode:o})")
+        info = await self.store.readable(req.bucket, req.key, req.cred)
         headers = _object_headers(info)
         _check_conditions(req, info, headers)
         for q, h in RESPONSE_OVERRIDES.items():
@@ -369,7 +365,7 @@ class Gateway(MultipartHandlers):
 
     async def copy_object(self, req: Request) -> Response:
         src_bucket, src_key = _copy_source(req.header("x-amz-copy-source"))
-        src = await self.store.head(src_bucket, src_key, req.cred)
+        src = await self.store.readable(src_bucket, src_key, req.cred)
         _check_copy_conditions(req, src)
         directive = req.header("x-amz-metadata-directive", "COPY").upper()
         if directive not in ("COPY", "REPLACE"):

@@ -51,7 +51,7 @@ class MultipartHandlers:
 
     async def upload_part_copy(self, req: Request, upload_id: str, number: int) -> Response:
         src_bucket, src_key = _copy_source(req.header("x-amz-copy-source"))
-        src = await self.store.head(src_bucket, src_key, req.cred)
+        src = await self.store.readable(src_bucket, src_key, req.cred)
         _check_copy_conditions(req, src)
         start, end = 0, src.size
         rng = req.header("x-amz-copy-source-range")

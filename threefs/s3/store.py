@@ -284,6 +284,14 @@ class Store:
             return ObjectInfo(key, attr, record or {}, path)
         raise S3Error("ServiceUnavailable", f"{key} keeps changing; try again", 503)
 
+    async def readable(self, bucket: str, key: str, cred) -> ObjectInfo:
+        """head(), and the user may read the file (GET, and the source of a copy)."""
+        info = await self.head(bucket, key, cred)
+        if not may(info.attr, cred, 4):
+            raise S3Error("AccessDenied", f"threefs denies reading {key} (mode {info.attr.mode:o}, owner "
+                          f"{info.attr.uid}:{info.attr.gid})")
+        return info
+
     async def _replaced(self, path: str, attr) -> bool:
         try:
             return (await self.aio.stat(path)).inode != attr.inode
