@@ -52,6 +52,22 @@ def test_two_gateways_serve_one_bucket(s3, second, admin_key, bucket, rng):
     assert sorted(o["Key"] for o in other.list_objects_v2(Bucket=bucket)["Contents"]) == ["shared/mp", "shared/one"]
 
 
+def test_workers_share_one_port(cluster, admin_key, bucket, s3, tmp_path):
+    import socket
+
+    g = Gateway(cluster, tmp_path, "--workers", "2")
+    try:
+        for i in range(8):  # a fresh client (connection) each time: the kernel spreads them
+            c = client_for(g.endpoint, admin_key)
+            c.put_object(Bucket=bucket, Key=f"w/{i}", Body=str(i).encode())
+            assert s3.get_object(Bucket=bucket, Key=f"w/{i}")["Body"].read() == str(i).encode()
+    finally:
+        g.stop()
+    assert g.proc.returncode == 0, g.log()[-2000:]
+    with pytest.raises(OSError):  # every worker is gone with the parent
+        socket.create_connection(("127.0.0.1", g.port), timeout=2).close()
+
+
 def test_read_only_gateway(s3, readonly, admin_key, bucket):
     ro = client_for(readonly.endpoint, admin_key)
     s3.put_object(Bucket=bucket, Key="ro/k", Body=b"readable")

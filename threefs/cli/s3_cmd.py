@@ -31,6 +31,7 @@ def add_s3_parser(sub) -> None:
     p.add_argument("--root", default="/", help="threefs directory whose subdirectories are the buckets")
     p.add_argument("--read-only", action="store_true", help="refuse every request that changes something")
     p.add_argument("--region", default="us-east-1")
+    p.add_argument("--workers", type=int, default=1, help="gateway processes sharing the port (one core each)")
     p.add_argument("--log-level", default="warning")
     p.set_defaults(fn=cmd_serve)
 
@@ -56,8 +57,8 @@ def cmd_serve(args) -> int:
 
     config = load_toml(find_client_config(args.config), ClientConfig)
     print(f"threefs S3 gateway on http://{args.host}:{args.port} (root {args.root}"
-          f"{', read-only' if args.read_only else ''})", flush=True)
-    serve(config, args.host, args.port, args.root, args.read_only, args.region, args.log_level)
+          f"{', read-only' if args.read_only else ''}, {args.workers} worker(s))", flush=True)
+    serve(config, args.host, args.port, args.root, args.read_only, args.region, args.log_level, args.workers)
     return 0
 
 
