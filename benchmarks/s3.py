@@ -1,7 +1,8 @@
 """The S3 gateway beside nginx serving the same bytes as plain files over HTTP, in one run.
 
     .venv/bin/python benchmarks/s3.py [--mib 256] [--sizes 1,4,16,64] [--clients 4] [--small 2000]
-                                      [--storage 3] [--replicas 3] [--nginx-workers 1]
+                                      [--storage 3] [--replicas 3] [--nginx-workers 1] [--gateway-workers 1]
+                                      [--big-gib 5]
 
 nginx (Debian's, started here on loopback: sendfile, keep-alive, WebDAV PUT into a temp file then
 rename — the same atomic-replace semantics as the gateway) is the ceiling of "files over HTTP" on this
@@ -83,11 +84,12 @@ class Nginx:
 
 
 class Gateway:
-    def __init__(self, cluster, base: str):
+    def __init__(self, cluster, base: str, workers: int = 1):
         self.port = free_port()
         log = open(os.path.join(base, "gateway.log"), "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "threefs.s3.server", "--config",
-                                      str(cluster.client_config_path), "--port", str(self.port)],
+                                      str(cluster.client_config_path), "--port", str(self.port),
+                                      "--workers", str(workers)],
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         wait_listening("127.0.0.1", self.port, self.proc)
@@ -231,6 +233,7 @@ def main() -> None:
     ap.add_argument("--storage", type=int, default=3)
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--nginx-workers", type=int, default=1, help="1: one process, like one gateway")
+    ap.add_argument("--gateway-workers", type=int, default=1, help="gateway processes (threefs s3 serve --workers)")
     ap.add_argument("--big-gib", type=float, default=0, help="only a multipart upload of this many GiB "
                     "(peak gateway RSS); the issue's figure is 5")
     args = ap.parse_args()
@@ -239,7 +242,7 @@ def main() -> None:
     nginx = Nginx(tmp, args.nginx_workers)
     try:
         with local_cluster(tmp, args.storage, args.replicas, fuse=False) as (cluster, _):
-            gw = Gateway(cluster, tmp)
+            gw = Gateway(cluster, tmp, args.gateway_workers)
             try:
                 if args.big_gib:
                     big_upload(gw, args.big_gib)
