@@ -85,8 +85,6 @@ def test_aws_cli(gateway, admin_key, bucket, tmp_path, rng):
     assert "cli/a.txt" in out and "cli/sub/big.bin" in out
     _aws(gateway, admin_key, "s3", "cp", "--recursive", f"s3://{bucket}/cli/", str(tmp_path / "dst"))
     assert (tmp_path / "dst" / "sub" / "big.bin").read_bytes() == (src / "sub" / "big.bin").read_bytes()
-    head = _aws(gateway, admin_key, "s3api", "head-object", "--bucket", bucket, "--key", "cli/a.txt")
-    assert '"ContentLength": 3' in head
     _aws(gateway, admin_key, "s3", "rm", "--recursive", f"s3://{bucket}/cli/")
     # `aws s3 ls` exits 1 when it lists nothing
     assert _aws(gateway, admin_key, "s3", "ls", "--recursive", f"s3://{bucket}/cli/", ok=(0, 1)).strip() == ""
