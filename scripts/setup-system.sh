@@ -10,6 +10,8 @@ command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
 dpkg -s libfuse3-dev >/dev/null 2>&1 || missing+=(libfuse3-dev)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)  # the Redis baselines of the benchmarks
+# [s3] benchmarks/s3.py serves the same bytes with nginx as its reference
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

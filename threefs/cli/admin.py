@@ -142,3 +142,6 @@ def add_admin_parser(sub) -> None:
         p.add_argument("name")
         p.set_defaults(fn=fn)
     cmds.add_parser("user-list", help="list users").set_defaults(fn=cmd_user_list)
+    from threefs.cli.s3_cmd import add_admin_s3_commands  # [s3] access keys for the S3 gateway
+
+    add_admin_s3_commands(cmds)

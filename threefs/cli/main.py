@@ -34,6 +34,10 @@ def cmd_up(args) -> int:
           f"{len(cluster.running())} processes, client config {cluster.client_config_path}")
     if not args.no_mount:
         print(mount_for_cluster(cluster, args.mount, mount_args(args)))
+    if args.s3:  # [s3] a gateway with the cluster, credentials in DIR/s3.env
+        from threefs.cli.s3_cmd import start_for_cluster
+
+        print(start_for_cluster(cluster, args.s3_port))
     if args.detach:
         return 0
     print("Press Ctrl-C to stop the cluster.")
@@ -43,6 +47,9 @@ def cmd_up(args) -> int:
     while not stop:
         time.sleep(0.2)
     unmount_for_cluster(cluster)
+    from threefs.cli.s3_cmd import stop_for_cluster  # [s3]
+
+    stop_for_cluster(cluster)
     print(f"stopped: {', '.join(cluster.down())}")
     del cfg
     return 0
@@ -79,6 +86,10 @@ def cmd_down(args) -> int:
         return 0
     cluster = LocalCluster(args.dir)
     unmounted = unmount_for_cluster(cluster)
+    from threefs.cli.s3_cmd import stop_for_cluster  # [s3]
+
+    if (stopped_s3 := stop_for_cluster(cluster)) is not None:
+        print(stopped_s3)
     if unmounted:
         print(f"unmounted {unmounted}")
     stopped = cluster.down()
@@ -122,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--no-mount", action="store_true", help="do not mount FUSE")
     up.add_argument("--mount", default="mnt", help="FUSE mount point (default ./mnt)")
     add_mount_flags(up)
+    up.add_argument("--s3", action="store_true", help="also start an S3 gateway; credentials in DIR/s3.env")
+    up.add_argument("--s3-port", type=int, default=None, help="the gateway's port (default: a free one)")
     up.set_defaults(fn=cmd_up)
     down = sub.add_parser("down", help="stop every process of a local cluster")
     down.add_argument("--dir", default=".threefs")
@@ -150,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     from threefs.cli.kvcache_cmd import add_kvcache_parser
 
     add_kvcache_parser(sub)
+    from threefs.cli.s3_cmd import add_s3_parser
+
+    add_s3_parser(sub)
     return p
 
 

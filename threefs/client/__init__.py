@@ -7,6 +7,16 @@
 Names re-exported here are the public API; workloads never import another service's RPC schemas.
 """
 
-from threefs.rpc.schemas.meta import DIRECTORY, FILE, SYMLINK, DirEntry, InodeAttr, StatfsRsp
+from threefs.rpc.schemas.meta import (
+                                      DIRECTORY,
+                                      FILE,
+                                      NO_PARENT,
+                                      SYMLINK,
+                                      UTIME_NOW,
+                                      DirEntry,
+                                      InodeAttr,
+                                      StatfsRsp,
+                                      UserCred,
+)
 
-__all__ = ["DIRECTORY", "FILE", "SYMLINK", "DirEntry", "InodeAttr", "StatfsRsp"]
+__all__ = ["DIRECTORY", "FILE", "NO_PARENT", "SYMLINK", "UTIME_NOW", "DirEntry", "InodeAttr", "StatfsRsp", "UserCred"]
