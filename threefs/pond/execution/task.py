@@ -681,7 +681,7 @@ class SampleTask(Task):
             src = ds.sql_query_fragment(conn=con)
             seed = self.random_seed_uint32 % 2_000_000_000
             try:
-                table = fetch_arrow(con.execute(f"select ({self.range_expr}) as bound from {src} using sample "
+                table = fetch_arrow(con.sql(f"select ({self.range_expr}) as bound from {src} using sample "
                                                 f"reservoir({self.sample_rows} rows) repeatable ({seed})"))
             except Exception as e:
                 raise PondError(f"{self.key}: cannot sample the range key {self.range_expr!r}: {e}") from None

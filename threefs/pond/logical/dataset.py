@@ -136,7 +136,7 @@ class DataSet:
         con = conn or duckdb.connect(":memory:")
         _register_fs(con, self.resolved_paths)
         from threefs.pond.execution.task import fetch_arrow
-        return large_strings(fetch_arrow(con.execute(f"select * from {self.sql_query_fragment(conn=con)}")))
+        return large_strings(fetch_arrow(con.sql(f"select * from {self.sql_query_fragment(conn=con)}")))
 
     def to_batch_reader(self, batch_size=DEFAULT_BATCH_SIZE, filesystem=None, conn=None) -> arrow.RecordBatchReader:
         table = self.to_arrow_table()
@@ -318,20 +318,19 @@ class ParquetDataSet(DataSet):
         if ranges is None or all(r.whole_file for r in ranges):
             return (f"(select {cols} from read_parquet({_path_list(self.resolved_paths)}, "
                     f"hive_partitioning=false{ubn}{gen}))")
+        keep_rn = "file_row_number" in self.generated_columns
         selects = []
         for r in ranges:
             if r.whole_file:
                 selects.append(f"select {cols} from read_parquet({_quote(r.path)}, hive_partitioning=false{gen})")
-            else:
-                selects.append(
-                    f"select {cols} from (select * from read_parquet({_quote(r.path)}, hive_partitioning=false, "
-                    f"file_row_number=true{gen}) where file_row_number >= {r.begin} and file_row_number < {r.end}) "
-                    f"{'' if 'file_row_number' in self.generated_columns or cols != '*' else ''}")
+                continue
+            inner_gen = "".join(f", {g}=true" for g in self.generated_columns if g != "file_row_number")
+            star = "*" if keep_rn else "* exclude (file_row_number)"
+            selects.append(
+                f"select {cols} from (select {star} from read_parquet({_quote(r.path)}, hive_partitioning=false, "
+                f"file_row_number=true{inner_gen}) where file_row_number >= {r.begin} and file_row_number < {r.end})")
         union = " union all by name " if self.union_by_name else " union all "
-        inner = union.join(f"({s})" for s in selects)
-        if "file_row_number" not in self.generated_columns and cols == "*":
-            return f"(select * exclude (file_row_number) from ({inner}))"
-        return f"({inner})"
+        return "(" + union.join(f"({s})" for s in selects) + ")"
 
     def to_arrow_table(self, max_workers=16, filesystem=None, conn=None) -> arrow.Table:
         if self.generated_columns or not self.resolved_paths:
