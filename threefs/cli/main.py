@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     from threefs.cli.ffrecord_cmd import add_ffrecord_parser
 
     add_ffrecord_parser(sub)
+    from threefs.cli.pond_cmd import add_pond_parser
+
+    add_pond_parser(sub)
     return p
 
 

@@ -59,6 +59,7 @@ class RuntimeContext:
         self.started_task_dir = os.path.join(self.staging_root, "started_tasks")
         self.job_status_path = os.path.join(self.log_root, ".STATUS")
         self.task: Optional[Task] = None
+        self.threefs_config = pfs.current_config()
         self.extra = kwargs
 
     def initialize(self) -> None:
@@ -876,6 +877,7 @@ def execute_payload(payload: bytes) -> bytes:
         return cloudpickle.dumps(("error", f"cannot unpickle the task in the worker: {type(e).__name__}: {e}",
                                   started, time.time(), os.getpid()))
     try:
+        pfs.configure(getattr(task.runtime_ctx, "threefs_config", None))
         output = task.execute(inputs)
         _write_marker(task, output)
         return cloudpickle.dumps(("ok", output, started, time.time(), os.getpid()))

@@ -19,11 +19,25 @@ def is_threefs(path: str) -> bool:
     return str(path).startswith(THREEFS_PREFIX)
 
 
+_config: list = [None]
+
+
+def configure(config_path) -> None:
+    """Use this client config for threefs:// paths in this process (workers get the driver's)."""
+    if config_path and config_path != _config[0]:
+        _config[0] = config_path
+        threefs_fs.cache_clear()
+
+
+def current_config():
+    return _config[0] or os.environ.get("THREEFS_CONFIG")
+
+
 @functools.lru_cache(maxsize=None)
 def threefs_fs():
-    """One fsspec file system per process (config from $THREEFS_CONFIG or ./.threefs/client.toml)."""
+    """One fsspec file system per process (config from configure(), $THREEFS_CONFIG or ./.threefs/client.toml)."""
     import fsspec
-    return fsspec.filesystem("threefs", config=os.environ.get("THREEFS_CONFIG"))
+    return fsspec.filesystem("threefs", config=current_config(), skip_instance_cache=True)
 
 
 def _strip(path: str) -> str:
