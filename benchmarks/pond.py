@@ -70,6 +70,10 @@ for name, fn in (("a", a), ("b", b), ("c", c)):
     res[name] = time.time() - s
 print("RESULT " + json.dumps(res))
 sys.stdout.flush()
+if mode == "pond":
+    sp.shutdown()  # stops the worker processes (they would hold this process's pipes open)
+else:
+    ray.shutdown()
 os._exit(0)
 '''
 

@@ -5,8 +5,10 @@ RayExecutor submits each task as a Ray task (several hosts). Both run `execute_p
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import multiprocessing as mp
 import os
+import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from threefs.pond.common import GB, PondError
@@ -36,6 +38,25 @@ class Executor:
         pass
 
 
+@contextlib.contextmanager
+def _main_hidden():
+    """Start workers without re-running the user's script in them: multiprocessing re-imports `__main__`
+    (by path or module name) in every forkserver child, which runs a script without an
+    `if __name__ == "__main__"` guard — a smallpond script — again in each worker. Tasks travel pickled by
+    value, so workers never need `__main__`."""
+    main = sys.modules.get("__main__")
+    saved = {a: getattr(main, a) for a in ("__file__", "__spec__") if main is not None and hasattr(main, a)}
+    try:
+        if main is not None:
+            if "__file__" in saved:
+                del main.__file__
+            main.__spec__ = None
+        yield
+    finally:
+        for a, v in saved.items():
+            setattr(main, a, v)
+
+
 def _preload() -> None:
     import duckdb  # noqa: F401
     import pyarrow.parquet  # noqa: F401
@@ -61,11 +82,12 @@ class LocalExecutor(Executor):
         return self._pool
 
     def submit(self, payload: bytes, cpus: int, memory: Optional[int]):
-        try:
-            return self._ensure().submit(execute_payload, payload)
-        except cf.process.BrokenProcessPool:
-            self._restart()
-            return self._ensure().submit(execute_payload, payload)
+        with _main_hidden():
+            try:
+                return self._ensure().submit(execute_payload, payload)
+            except cf.process.BrokenProcessPool:
+                self._restart()
+                return self._ensure().submit(execute_payload, payload)
 
     def wait(self, handles, timeout):
         done, _ = cf.wait(handles, timeout=timeout, return_when=cf.FIRST_COMPLETED)
@@ -96,8 +118,9 @@ class LocalExecutor(Executor):
 
     def warm_up(self) -> None:
         """Start the worker processes now (they are otherwise started by the first tasks)."""
-        pool = self._ensure()
-        list(pool.map(_noop, range(self.total_cpus)))
+        with _main_hidden():
+            pool = self._ensure()
+            list(pool.map(_noop, range(self.total_cpus)))
 
     def shutdown(self) -> None:
         if self._pool is not None:

@@ -237,6 +237,7 @@ class Task:
         mem = self.effective_memory_limit()
         con = duckdb.connect(":memory:", config={"threads": threads, "memory_limit": f"{max(mem, 64 * MB) // MB}MB",
                                                   "preserve_insertion_order": False})
+        exec_sql(con, "set enable_progress_bar=false")
         temp = os.path.join(self.runtime_ctx.temp_root, self.key)
         if not pfs.is_threefs(temp):
             exec_sql(con, f"set temp_directory='{temp}'")
