@@ -167,6 +167,14 @@ def test_request_that_can_never_run_fails_at_once(sp, data_dir):
         big.count()
 
 
+def test_each_task_gets_its_thread_and_memory_limits(sp):
+    df = sp.partial_sql("select current_setting('threads') as t, current_setting('memory_limit') as m",
+                        cpu_limit=2, memory_limit=1 << 30)
+    row = df.take_all()[0]
+    assert row["t"] == 2
+    assert row["m"].replace(" ", "") in ("921.0MiB", "921MiB"), row  # 0.9 × 1 GiB
+
+
 def test_sql_error_names_the_query(sp):
     with pytest.raises(pond.PondError, match="select a,, from"):
         sp.partial_sql("select a,, from {0}", sp.from_items([1, 2])).count()

@@ -41,7 +41,7 @@ def test_killed_executor_is_retried(data_dir, tmp_path):
 def test_failed_job_resumes_from_completed_tasks(data_dir, tmp_path):
     root, marks, poison = str(tmp_path / "root"), tmp_path / "runs", tmp_path / "poison"
     marks.mkdir()
-    poison.write_text("partition 2 fails while this file exists")
+    poison.write_text("partition 3 fails while this file exists")
     job = dict(job_id="resume-job", job_time=datetime(2026, 1, 2, 3, 4, 5), data_root=root, num_cpus=2,
                progress=False)
 
@@ -50,7 +50,7 @@ def test_failed_job_resumes_from_completed_tasks(data_dir, tmp_path):
             t = tables[0]
             part = runtime_ctx.task.partition_index
             (marks / f"{part}-{os.getpid()}-{len(os.listdir(marks))}").write_text("")
-            if part == 2 and poison.exists():
+            if part == 3 and poison.exists():
                 raise RuntimeError("poisoned partition")
             return t
         from threefs.pond.logical.node import ArrowComputeNode
@@ -63,14 +63,21 @@ def test_failed_job_resumes_from_completed_tasks(data_dir, tmp_path):
     sp.shutdown()
     assert "failure" in open(sp._runtime_ctx.job_status_path).read()
     first = _count_runs(marks)
-    assert first >= 4  # 3 good partitions + at least 2 attempts of the poisoned one (some may race)
+    assert first == 5  # 3 good partitions + 2 attempts of the poisoned one; running tasks were let finish
+    # outputs appear atomically: the finished partitions are in output/, the failed one only in staging/
+    rc = sp._runtime_ctx
+    node_dirs = [d for d in os.listdir(rc.output_root) if d.startswith("ArrowComputeTask.")]
+    assert len(node_dirs) == 1
+    done = sorted(os.listdir(os.path.join(rc.output_root, node_dirs[0])))
+    assert done == [f"resume-job.{i:06d}" for i in (0, 1, 2)], done
+    assert any(n.startswith("ArrowComputeTask-") and ".000003." in n for n in os.listdir(rc.staging_root))
 
     poison.unlink()
     sp = pond.init(**job)  # same job id, time and root: the completed partitions are skipped
     try:
         out = pipeline(sp)
         assert multiset(out.take_all()) == reference(data_dir, "select * from {0}")
-        assert _count_runs(marks) == first + 1  # only partition 2 ran again
+        assert _count_runs(marks) == first + 1  # only partition 3 ran again
         assert sp._scheduler.stats.resumed == 3
     finally:
         sp.shutdown()
@@ -98,3 +105,16 @@ def test_shutdown_removes_temporaries_only_on_success(tmp_path):
     assert not os.path.exists(rc.staging_root) and not os.path.exists(rc.queue_root)
     assert sorted(os.listdir(tmp_path / "out"))[0] == ".MANIFEST.txt"
     assert pa.parquet.read_table(str(tmp_path / "out")).num_rows == 3  # the hard links outlive the job
+
+
+def test_timeline_and_progress(data_dir, tmp_path, capsys):
+    sp = pond.init(data_root=str(tmp_path / "root"), num_cpus=2, progress=True)
+    try:
+        df = sp.read_parquet(f"{data_dir}/*.parquet").repartition(3, hash_by="k")
+        sp.partial_sql("select k, count(*) from {0} group by k", df).compute()
+        html = open(sp.dump_timeline(str(tmp_path / "t.html"))).read()
+        executed = sp._scheduler.stats.executed
+        assert executed >= 4 and html.count('class="bar"') == executed  # one bar per task attempt
+        assert "pond tasks" in capsys.readouterr().err  # the progress bar
+    finally:
+        sp.shutdown()

@@ -162,6 +162,7 @@ class Scheduler:
         lost: Dict[str, int] = {}
         failed: Dict[str, int] = {}
         free = self.executor.total_cpus
+        error: Optional[TaskFailedError] = None
         try:
             while pending or running:
                 still = []
@@ -185,19 +186,28 @@ class Scheduler:
                     free -= need
                 pending = still
                 if not running:
-                    if pending:
+                    if pending and error is None:
                         raise PondError(f"scheduler stuck: {len(pending)} tasks wait for inputs that never ran "
                                         f"(first: {pending[0].key})")
                     break
                 for handle, outcome in self.executor.wait(list(running), WAIT_SLICE_SECONDS):
                     t, rec, need = running.pop(handle)
                     free += need
-                    requeue = self._finish(t, rec, outcome, lost, failed)
-                    if requeue:
+                    try:
+                        requeue = self._finish(t, rec, outcome, lost, failed)
+                    except TaskFailedError as e:
+                        # the job fails: submit nothing more, but let the running tasks finish (their results
+                        # and markers are kept, so a rerun resumes from them), then report the first error
+                        error = error or e
+                        pending = []
+                        continue
+                    if requeue and error is None:
                         pending.insert(0, t)
                         self.stats.retried += 1
-                    else:
+                    elif not requeue:
                         bar.update(1)
+            if error is not None:
+                raise error
         finally:
             bar.close()
 

@@ -235,7 +235,7 @@ class Task:
         import duckdb
         threads = max(1, self.cpu_limit)
         mem = self.effective_memory_limit()
-        con = duckdb.connect(":memory:", config={"threads": threads, "memory_limit": f"{max(mem, 64 * MB) // MB}MB",
+        con = duckdb.connect(":memory:", config={"threads": threads, "memory_limit": f"{max(mem, 64 * MB) // MB}MiB",
                                                   "preserve_insertion_order": False})
         exec_sql(con, "set enable_progress_bar=false")
         temp = os.path.join(self.runtime_ctx.temp_root, self.key)
