@@ -68,3 +68,25 @@ def test_threefs_url_inputs_and_data_root(cluster, fs, data_dir, monkeypatch):
     finally:
         sp.shutdown()
     assert not fs.exists(staging[len("threefs://"):])  # one remove_tree call
+
+
+def test_threefs_url_with_bulk_data_through_the_mount(cluster, fs, mount, data_dir, monkeypatch):
+    monkeypatch.setenv("THREEFS_CONFIG", str(cluster.client_config_path))
+    fs.mkdir("/pond-both/data", parents=True, exist_ok=True)
+    for name in sorted(os.listdir(data_dir)):
+        if name.endswith(".parquet"):
+            fs.put(os.path.join(data_dir, name), f"/pond-both/data/{name}")
+    with pytest.raises(pond.PondError, match="is not a mounted threefs file system"):
+        pond.init(data_root="threefs:///pond-both/root", threefs_mount=data_dir, progress=False)
+    sp = pond.init(data_root="threefs:///pond-both/root", threefs_mount=mount, num_cpus=2, progress=False)
+    try:
+        df = sp.read_parquet("threefs:///pond-both/data/*.parquet").repartition(3, hash_by="k")
+        out = sp.partial_sql("select k, count(*) from {0} group by k", df)
+        assert multiset(out.take_all()) == reference(data_dir, "select k, count(*) from {0} group by k")
+        with pytest.raises(pond.PondError) as info:
+            sp.partial_sql("select no_such_column from {0}", df).count()
+        assert f"read_parquet(['{mount}/pond-both/root/" in str(info.value)  # DuckDB read through the mount
+    finally:
+        sp.shutdown()
+    # the deliberate error failed the job: its files stay for a rerun (the test above covers the cleanup)
+    assert fs.exists("/pond-both/root/" + os.path.basename(sp._runtime_ctx.job_root) + "/staging")

@@ -48,11 +48,13 @@ class Config:
     progress: bool
     max_retry_count: int
     max_fail_count: int
+    threefs_mount: Optional[str] = None
 
 
 def make_config(job_id=None, job_time=None, job_name=None, data_root=None, num_executors=None, ray_address=None,
                 bind_numa_node=None, platform=None, _remove_output_root=True, executor=None, num_cpus=None,
-                memory=None, progress=None, max_retry_count=None, max_fail_count=None, **kwargs) -> Config:
+                memory=None, progress=None, max_retry_count=None, max_fail_count=None, threefs_mount=None,
+                **kwargs) -> Config:
     job_id = _env("SP_JOBID", job_id) or str(uuid.uuid4())
     job_time = _env("SP_JOB_TIME", job_time, datetime.fromisoformat) or datetime.now()
     if isinstance(job_time, str):
@@ -73,13 +75,22 @@ def make_config(job_id=None, job_time=None, job_name=None, data_root=None, num_e
                   num_executors=num_executors, ray_address=ray_address, executor=executor, num_cpus=num_cpus,
                   memory=memory, remove_output_root=_remove_output_root, progress=progress,
                   max_retry_count=max_retry_count or DEFAULT_MAX_RETRY_COUNT,
-                  max_fail_count=max_fail_count or DEFAULT_MAX_FAIL_COUNT)
+                  max_fail_count=max_fail_count or DEFAULT_MAX_FAIL_COUNT,
+                  threefs_mount=_env("POND_THREEFS_MOUNT", threefs_mount))
 
 
 class SessionBase:
     def __init__(self, **kwargs) -> None:
         self.config = make_config(**kwargs)
         self._ctx = Context()
+        mount = self.config.threefs_mount
+        if mount:
+            from threefs.client import fuse_mount
+            if not fuse_mount.is_threefs_mount(mount):
+                raise PondError(f"threefs_mount={mount!r} is not a mounted threefs file system "
+                                "(mount it with `threefs mount DIR`, or leave threefs_mount out)")
+            mount = os.path.abspath(mount)
+        pfs.configure(pfs.current_config(), mount)
         executor = self._make_executor()
         self._executor: Executor = executor
         self._runtime_ctx = RuntimeContext(self.config.job_id, self.config.job_time, self.config.data_root,

@@ -60,6 +60,7 @@ class RuntimeContext:
         self.job_status_path = os.path.join(self.log_root, ".STATUS")
         self.task: Optional[Task] = None
         self.threefs_config = pfs.current_config()
+        self.threefs_mount = kwargs.pop("threefs_mount", None) or pfs.current_mount()
         self.extra = kwargs
 
     def initialize(self) -> None:
@@ -542,7 +543,7 @@ class SqlEngineTask(Task):
                 opts += f", PER_THREAD_OUTPUT true, FILENAME_PATTERN '{name}-{{i}}'"
             else:
                 target = os.path.join(output_dir, f"{name}-0.parquet")
-            self._run(con, f"COPY ({last}) TO '{target}' ({opts})", self.sql_queries[-1])
+            self._run(con, f"COPY ({last}) TO '{pfs.data_view(target)}' ({opts})", self.sql_queries[-1])
         finally:
             con.close()
 
@@ -618,10 +619,10 @@ class HashPartitionTask(Task):
             if self.parquet_compression.upper() == "ZSTD":
                 opts += f", COMPRESSION_LEVEL {self.parquet_compression_level}"
             try:
-                exec_sql(con, f"COPY ({sql}) TO '{output_dir}' ({opts})")
+                exec_sql(con, f"COPY ({sql}) TO '{pfs.data_view(output_dir)}' ({opts})")
                 schema_sql = sql if keep else f"select * exclude ({col}) from ({sql})"
                 exec_sql(con, f"COPY (select * from ({schema_sql}) limit 0) TO "
-                            f"'{os.path.join(output_dir, '_empty.parquet')}' (FORMAT PARQUET)")
+                            f"'{pfs.data_view(os.path.join(output_dir, '_empty.parquet'))}' (FORMAT PARQUET)")
             except Exception as e:
                 raise PondError(f"{self.key} failed: {type(e).__name__}: {e}\n  partitioning: {sql[:2000]}") from None
         finally:
@@ -878,7 +879,7 @@ def execute_payload(payload: bytes) -> bytes:
         return cloudpickle.dumps(("error", f"cannot unpickle the task in the worker: {type(e).__name__}: {e}",
                                   started, time.time(), os.getpid()))
     try:
-        pfs.configure(getattr(task.runtime_ctx, "threefs_config", None))
+        pfs.configure(getattr(task.runtime_ctx, "threefs_config", None), getattr(task.runtime_ctx, "threefs_mount", None))
         output = task.execute(inputs)
         _write_marker(task, output)
         return cloudpickle.dumps(("ok", output, started, time.time(), os.getpid()))

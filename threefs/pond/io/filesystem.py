@@ -20,13 +20,29 @@ def is_threefs(path: str) -> bool:
 
 
 _config: list = [None]
+_mount: list = [None]
 
 
-def configure(config_path) -> None:
-    """Use this client config for threefs:// paths in this process (workers get the driver's)."""
+def configure(config_path, mount=None) -> None:
+    """Use this client config for threefs:// paths in this process (workers get the driver's), and, when
+    `mount` is the FUSE mount point of the same cluster, move the bulk data of threefs:// paths through it."""
     if config_path and config_path != _config[0]:
         _config[0] = config_path
         threefs_fs.cache_clear()
+    _mount[0] = mount or None
+
+
+def current_mount():
+    return _mount[0]
+
+
+def data_view(path: str) -> str:
+    """Where DuckDB and Arrow read/write `path`: the mount path of a threefs:// path when a mount is
+    configured (per operation, the faster route: see docs/pond.md), else the path itself. Metadata
+    operations (rename, link, remove_tree) stay on the client."""
+    if _mount[0] and is_threefs(path):
+        return os.path.join(_mount[0], _strip(path).lstrip("/"))
+    return path
 
 
 def current_config():
@@ -149,6 +165,8 @@ def read_bytes(path: str) -> bytes:
 
 def arrow_filesystem_and_path(path: str):
     """(pyarrow filesystem or None, path) for pyarrow.parquet readers."""
+    if is_threefs(path) and _mount[0]:
+        return None, data_view(path)
     if is_threefs(path):
         return threefs_fs(), _strip(path)
     return None, path

@@ -23,7 +23,7 @@ def _quote(s: str) -> str:
 
 
 def _path_list(paths: List[str]) -> str:
-    return "[" + ", ".join(_quote(p) for p in paths) + "]"
+    return "[" + ", ".join(_quote(pfs.data_view(p)) for p in paths) + "]"
 
 
 def large_strings(table):
@@ -322,12 +322,12 @@ class ParquetDataSet(DataSet):
         selects = []
         for r in ranges:
             if r.whole_file:
-                selects.append(f"select {cols} from read_parquet({_quote(r.path)}, hive_partitioning=false{gen})")
+                selects.append(f"select {cols} from read_parquet({_quote(pfs.data_view(r.path))}, hive_partitioning=false{gen})")
                 continue
             inner_gen = "".join(f", {g}=true" for g in self.generated_columns if g != "file_row_number")
             star = "*" if keep_rn else "* exclude (file_row_number)"
             selects.append(
-                f"select {cols} from (select {star} from read_parquet({_quote(r.path)}, hive_partitioning=false, "
+                f"select {cols} from (select {star} from read_parquet({_quote(pfs.data_view(r.path))}, hive_partitioning=false, "
                 f"file_row_number=true{inner_gen}) where file_row_number >= {r.begin} and file_row_number < {r.end})")
         union = " union all by name " if self.union_by_name else " union all "
         return "(" + union.join(f"({s})" for s in selects) + ")"
