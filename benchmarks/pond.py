@@ -162,7 +162,7 @@ def access_paths(cluster, mnt: str, tdata: str) -> list:
     fs = fsspec.filesystem("threefs", config=str(cluster.client_config_path))
     rel = tdata[len(mnt):]
     out = []
-    for label, con_setup, base in (("mount", None, tdata), ("threefs://", fs, "threefs://" + rel)):
+    for label, con_setup, base in (("mount", None, tdata), ("threefs://", fs, "threefs://" + rel)) * 3:
         con = duckdb.connect(config={"threads": 2})
         if con_setup is not None:
             con.register_filesystem(con_setup)
@@ -172,10 +172,28 @@ def access_paths(cluster, mnt: str, tdata: str) -> list:
         target = (os.path.join(os.path.dirname(tdata), "w-mount.parquet") if con_setup is None
                   else "threefs://" + os.path.dirname(rel) + "/w-url.parquet")
         t = time.time()
-        con.execute(f"COPY (select * from read_parquet('{base}/part-0.parquet')) TO '{target}' (FORMAT PARQUET)").fetchall()
+        con.execute(f"COPY (select * from read_parquet('{base}/part-0.parquet')) TO '{target}' "
+                    "(FORMAT PARQUET, OVERWRITE_OR_IGNORE true)").fetchall()
         write = time.time() - t
         out.append((label, scan, write))
         print(f"   duckdb via {label:10}: scan 8 files {scan:.2f} s, write 1 file {write:.2f} s", flush=True)
+    # removing a job's temporaries: a walk through the mount against one remove_tree call
+    for rep in range(2):
+        times = {}
+        for how in ("rmtree via mount", "remove_tree via client"):
+            top = os.path.join(os.path.dirname(tdata), f"tmp-{rep}-{how[:6]}")
+            for d in range(10):
+                os.makedirs(os.path.join(top, f"d{d}"), exist_ok=True)
+                for f in range(20):
+                    with open(os.path.join(top, f"d{d}", f"f{f}"), "wb") as fh:
+                        fh.write(b"x")
+            t = time.time()
+            if how.startswith("rmtree"):
+                shutil.rmtree(top)
+            else:
+                fs.client.remove_tree(top[len(mnt):])
+            times[how] = time.time() - t
+        print("   remove 10 dirs x 20 files: " + ", ".join(f"{k} {v:.2f} s" for k, v in times.items()), flush=True)
     return out
 
 
@@ -187,6 +205,7 @@ def main() -> None:
     ap.add_argument("--no-threefs", action="store_true")
     ap.add_argument("--storage", type=int, default=1)
     ap.add_argument("--replicas", type=int, default=1)
+    ap.add_argument("--access-paths-only", action="store_true", help="only DuckDB via the mount vs threefs://")
     args = ap.parse_args()
     if not os.path.exists(args.smallpond_python):
         sys.exit(f"smallpond venv missing: python3 -m venv .bench/sp-venv && "
@@ -199,7 +218,8 @@ def main() -> None:
         generate(data, args.rows)
         print(f"data: {args.rows} rows in 8 files, {sum(os.path.getsize(os.path.join(data, f)) for f in os.listdir(data)) / 1e6:.0f} MB "
               f"({time.time() - t:.1f} s)", flush=True)
-        rows += bench("local", os.path.join(tmp, "local"), data, args.smallpond_python, args.repeat)
+        if not args.access_paths_only:
+            rows += bench("local", os.path.join(tmp, "local"), data, args.smallpond_python, args.repeat)
         if not args.no_threefs:
             from benchmarks.common import local_cluster
             with local_cluster(tmp, args.storage, args.replicas, fuse=True) as (cluster, mnt):
@@ -210,7 +230,8 @@ def main() -> None:
                     os.makedirs(base, exist_ok=True)
                     tdata = os.path.join(base, "data")
                     shutil.copytree(data, tdata)
-                    rows += bench("threefs", base, tdata, args.smallpond_python, args.repeat)
+                    if not args.access_paths_only:
+                        rows += bench("threefs", base, tdata, args.smallpond_python, args.repeat)
                     access_paths(cluster, mnt, tdata)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
