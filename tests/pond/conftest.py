@@ -1,4 +1,4 @@
-"""Fixtures of the pond tests: seeded input files, and DuckDB over the whole input as the reference."""
+"""Fixtures of the pond tests: seeded input files (helpers in pond_helpers.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 import os
 import random
 
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -34,19 +33,3 @@ def data_dir(tmp_path_factory):
             for r in rows:
                 out.write(json.dumps(r) + "\n")
     return str(d)
-
-
-def reference(data_dir: str, sql: str) -> list:
-    """`sql` over all input rows ({0} = the whole input) in one DuckDB, as a sorted multiset."""
-    con = duckdb.connect()
-    src = f"read_parquet('{data_dir}/*.parquet')"
-    return multiset(con.execute(sql.format(src)).fetchall())
-
-
-def multiset(rows) -> list:
-    out = []
-    for r in rows:
-        if isinstance(r, dict):
-            r = tuple(r.values())
-        out.append(tuple(round(x, 9) if isinstance(x, float) else x for x in r))
-    return sorted(out, key=repr)

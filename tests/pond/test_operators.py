@@ -11,7 +11,7 @@ import pytest
 import threefs.pond as pond
 from threefs.pond import UnschedulableError
 
-from conftest import multiset, reference
+from pond_helpers import multiset, reference
 
 
 @pytest.fixture(scope="module", params=["local", "ray"])

@@ -12,7 +12,7 @@ import pytest
 
 import threefs.pond as pond
 
-from conftest import multiset, reference
+from pond_helpers import multiset, reference
 
 
 def _count_runs(marks: str) -> int:
@@ -118,3 +118,21 @@ def test_timeline_and_progress(data_dir, tmp_path, capsys):
         assert "pond tasks" in capsys.readouterr().err  # the progress bar
     finally:
         sp.shutdown()
+
+
+def test_a_smallpond_script_without_main_guard_runs(data_dir, tmp_path):
+    """Workers must not re-run the user's script (multiprocessing re-imports __main__ in forkserver
+    children; smallpond scripts have no `if __name__ == "__main__"` guard)."""
+    import subprocess
+    import sys
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import threefs.pond as smallpond\n"
+        f"sp = smallpond.init(data_root={str(tmp_path / 'root')!r}, num_cpus=2, progress=False)\n"
+        f"df = sp.read_parquet({data_dir + '/*.parquet'!r}).repartition(3, hash_by='k')\n"
+        "df = sp.partial_sql('select k, count(*) as n from {0} group by k', df)\n"
+        f"df.write_parquet({str(tmp_path / 'out')!r})\n"
+        "print('rows', len(df.to_pandas()))\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("rows 50") == 1, proc.stdout  # printed once: the script ran once

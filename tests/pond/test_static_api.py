@@ -14,7 +14,7 @@ from threefs.pond.logical.node import (ArrowComputeNode, Context, DataSinkNode, 
                                        LogicalPlan, SqlEngineNode)
 from threefs.pond.logical.planner import Planner
 
-from conftest import multiset, reference
+from pond_helpers import multiset, reference
 
 
 def plan(ctx: Context, data_dir: str, out: str) -> LogicalPlan:

@@ -12,7 +12,7 @@ import pytest
 import threefs.pond as pond
 from threefs.client import fuse_mount
 
-from conftest import multiset, reference
+from pond_helpers import multiset, reference
 
 
 @pytest.fixture(scope="module")
