@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     from threefs.cli.s3_cmd import add_s3_parser
 
     add_s3_parser(sub)
+    from threefs.cli.pond_cmd import add_pond_parser
+
+    add_pond_parser(sub)
     return p
 
 
