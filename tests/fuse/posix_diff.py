@@ -47,7 +47,9 @@ FILES = {  # path: (mode, uid, gid)
     "sgd/f": (0o664, UID_O, GID_S),
     "ro/f": (0o644, 0, 0),
 }
-NAMES = ["f", "a", "b", "s"]
+SUBDIRS = {"pub/d": (0o755, UID_U, GID_U), "stk/d": (0o777, UID_O, GID_O), "sgd/d": (0o2775, 0, GID_S)}
+SYMLINKS = {"pub/l": "f", "grp/l": "../pub/f"}
+NAMES = ["f", "f", "f", "a", "b", "s", "d", "l"]
 TIME_SLEEP_S = 0.006  # > the kernel's coarse clock tick, so "did the time move" is observable on ext4
 XATTR_NAMES = ["user.a", "user.b", "trusted.t", "security.s", "user." + "n" * 250, "os2.x", "user."]
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 1, 2
@@ -59,21 +61,26 @@ _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_
 # -- generating sequences ---------------------------------------------------------------------------------
 
 
-def _path(r: random.Random) -> str:
+def _path(r: random.Random, used: list[str]) -> str:
+    """A path of the tree, often one an earlier call of the sequence named (it may exist by now)."""
+    if used and r.random() < 0.4:
+        return r.choice(used)
     d = r.choice(list(DIRS) + ["pub", "grp"])
-    return f"{d}/{r.choice(NAMES)}" if r.random() < 0.9 else d
+    p = f"{d}/{r.choice(NAMES)}" if r.random() < 0.9 else d
+    used.append(p)
+    return p
 
 
 def _mode(r: random.Random) -> int:
     return r.choice([0o644, 0o600, 0o000, 0o777, 0o2755, 0o4755, 0o1777, 0o2644, 0o640, 0o751])
 
 
-def generate(r: random.Random, length_max: int = 8) -> list[list]:
+def generate(r: random.Random, length_max: int = 10) -> list[list]:
     """A sequence of [actor, op, *args] (JSON-able, so a failing one pastes into a regression test)."""
-    ops = []
+    ops, used = [], []
     for _ in range(r.randint(1, length_max)):
         actor = r.choice(["root", "u", "u", "o"])
-        p, q = _path(r), _path(r)
+        p, q = _path(r, used), _path(r, used)
         kind = r.choice(OP_KINDS)
         args = {
             "creat": [p, _mode(r)], "mkdir": [p, _mode(r)], "rmdir": [p], "unlink": [p],
@@ -233,11 +240,25 @@ def _times(path: str):
     return s.st_mtime_ns, s.st_ctime_ns
 
 
-def _timed_paths(kind: str, args: list) -> list[str]:
-    paths = [args[1] if kind == "symlink" else args[0]]
-    if kind in ("rename", "link"):
-        paths.append(args[1])
-    return paths + sorted({os.path.dirname(p) or "." for p in paths})
+ALL_PATHS = ["."] + [d for d in DIRS] + [f"{d}/{n}" for d in DIRS for n in NAMES]
+
+
+def _all_times() -> dict:
+    return {p: _times(p) for p in ALL_PATHS}
+
+
+def _moved_times(kind: str, args: list, before: dict, after: dict) -> list:
+    """Which paths' mtime / ctime the call moved ("m", "c"), by path; a renamed inode is followed to its
+    new name."""
+    moved = []
+    for p in ALL_PATHS:
+        b, a = before[p], after[p]
+        if b is not None and a is not None and b != a:
+            moved.append([p, "m" * (a[0] != b[0]) + "c" * (a[1] != b[1])])
+    if kind == "rename" and before.get(args[0]) and after.get(args[1]):
+        b, a = before[args[0]], after[args[1]]
+        moved.append(["renamed", "m" * (a[0] != b[0]) + "c" * (a[1] != b[1])])
+    return moved
 
 
 def run_call(base: str, actor: str, kind: str, args: list) -> list:
@@ -257,8 +278,7 @@ def run_call(base: str, actor: str, kind: str, args: list) -> list:
             os.umask(0o022)
             os.chdir(base)
             timed = kind in TIMED
-            paths = _timed_paths(kind, args) if timed else []
-            before = [_times(p) for p in paths]
+            before = _all_times() if timed else {}
             if timed:
                 time.sleep(TIME_SLEEP_S)
             try:
@@ -266,8 +286,7 @@ def run_call(base: str, actor: str, kind: str, args: list) -> list:
             except OSError as e:
                 out = ["err", errno.errorcode.get(e.errno, str(e.errno))]
             if timed and out[0] == "ok":
-                after = [_times(p) for p in paths]
-                out.append([_moved(b, a) for b, a in zip(before, after)])
+                out.append(_moved_times(kind, args, before, _all_times()))
             os.write(w, json.dumps(out).encode())
         except BaseException as e:  # noqa: BLE001 - reported to the parent, never raised in the child
             os.write(w, json.dumps(["crash", repr(e)]).encode())
@@ -286,12 +305,6 @@ def run_call(base: str, actor: str, kind: str, args: list) -> list:
     return json.loads(b"".join(chunks) or b'["crash", "no output"]')
 
 
-def _moved(before, after):
-    if before is None or after is None:
-        return None
-    return [after[0] != before[0], after[1] != before[1]]
-
-
 # -- the tree ---------------------------------------------------------------------------------------------
 
 
@@ -304,12 +317,19 @@ def setup_tree(base: str) -> None:
         os.mkdir(p)
         os.chown(p, uid, gid)
         os.chmod(p, mode)
+    for name, (mode, uid, gid) in SUBDIRS.items():
+        p = os.path.join(base, name)
+        os.mkdir(p)
+        os.chown(p, uid, gid)
+        os.chmod(p, mode)
     for name, (mode, uid, gid) in FILES.items():
         p = os.path.join(base, name)
         with open(p, "wb") as f:
             f.write(b"hello")
         os.chown(p, uid, gid)
         os.chmod(p, mode)
+    for name, target in SYMLINKS.items():
+        os.symlink(target, os.path.join(base, name))
 
 
 def snapshot(base: str) -> dict:

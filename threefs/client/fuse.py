@@ -45,6 +45,9 @@ OPEN_FLAGS_PASSED = os.O_ACCMODE | os.O_CREAT | os.O_EXCL | os.O_TRUNC | os.O_AP
 READDIR_LOOKUP_BATCH = 64  # entries whose attributes one readdir call fetches concurrently
 STATFS_BLOCK_BYTES = 4096
 READ_POOL_BYTES_MAX = 64 * limits.MiB  # reply buffers kept for reuse (fresh pages fault per 4 KiB)
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 0x01, 0x02, 0x10
+ZERO_PIECE_BYTES = limits.MiB  # zeros of a punched hole go to storage this many bytes per write
+KERNEL_CHECKED = m.UserCred(0, 0, kernel_checked=True)  # requests without a caller (fallocate)
 
 
 @dataclass
@@ -387,6 +390,30 @@ class ThreeFSOperations(pyfuse3.Operations):
         await h.writer.write(off, buf)
         h.written_end = max(h.written_end, off + len(buf))
         return len(buf)
+
+    async def fallocate(self, ino: int, fh: int, mode: int, offset: int, length: int) -> None:
+        """fallocate(2) (routed here by fuse_fallocate): 0 extends the size, KEEP_SIZE reserves (nothing
+        to do: storage allocates on write), PUNCH_HOLE / ZERO_RANGE write zeros over the range. The kernel
+        has checked the descriptor is writable and flushed its cached pages of the range."""
+        h = self._handles.get(fh)
+        if h is None or h.ino != ino or h.writer is None:
+            h = next((x for x in self._handles.values() if x.ino == ino and x.writer is not None), None)
+        if h is None:
+            raise OSError(errno.EBADF, f"fallocate: inode {ino} has no handle open for writing")
+        keep, kind = bool(mode & FALLOC_FL_KEEP_SIZE), mode & ~FALLOC_FL_KEEP_SIZE
+        if kind not in (0, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE) or (kind == FALLOC_FL_PUNCH_HOLE
+                                                                             and not keep):
+            raise OSError(errno.EOPNOTSUPP, f"fallocate mode {mode:#x} is not supported")
+        if offset < 0 or length <= 0:
+            raise OSError(errno.EINVAL, "fallocate: offset must be >= 0 and length > 0")
+        end, size = offset + length, self._length(ino, h.attr.length)
+        if kind:
+            self._drop_read_ahead(ino)
+            for pos in range(offset, min(end, size), ZERO_PIECE_BYTES):
+                await h.writer.write(pos, bytes(min(ZERO_PIECE_BYTES, min(end, size) - pos)))
+            await h.writer.flush()
+        if not keep and end > size:
+            await self._truncate(ino, end, KERNEL_CHECKED)
 
     def _drop_read_ahead(self, ino: int) -> None:
         for other in self._handles.values():
