@@ -240,11 +240,27 @@ def _times(path: str):
     return s.st_mtime_ns, s.st_ctime_ns
 
 
-ALL_PATHS = ["."] + [d for d in DIRS] + [f"{d}/{n}" for d in DIRS for n in NAMES]
+ALL_PATHS = ["."] + list(DIRS) + [f"{d}/{n}" for d in DIRS for n in dict.fromkeys(NAMES)]
+
+
+ALL_SET = frozenset(ALL_PATHS)
 
 
 def _all_times() -> dict:
-    return {p: _times(p) for p in ALL_PATHS}
+    """(mtime, ctime) of every path of ALL_PATHS that exists and is listed (directories the actor may not
+    read are skipped alike on both sides); listing first spares lookups of names that do not exist."""
+    out = {".": _times(".")}
+    for d in DIRS:
+        try:
+            with os.scandir(d) as it:
+                names = [e.name for e in it]
+        except OSError:
+            continue
+        out[d] = _times(d)
+        for n in names:
+            if f"{d}/{n}" in ALL_SET:
+                out[f"{d}/{n}"] = _times(f"{d}/{n}")
+    return out
 
 
 def _moved_times(kind: str, args: list, before: dict, after: dict) -> list:
@@ -252,7 +268,7 @@ def _moved_times(kind: str, args: list, before: dict, after: dict) -> list:
     new name."""
     moved = []
     for p in ALL_PATHS:
-        b, a = before[p], after[p]
+        b, a = before.get(p), after.get(p)
         if b is not None and a is not None and b != a:
             moved.append([p, "m" * (a[0] != b[0]) + "c" * (a[1] != b[1])])
     if kind == "rename" and before.get(args[0]) and after.get(args[1]):
@@ -261,48 +277,93 @@ def _moved_times(kind: str, args: list, before: dict, after: dict) -> list:
     return moved
 
 
-def run_call(base: str, actor: str, kind: str, args: list) -> list:
-    """Run one call in a child with `actor`'s credentials, in `base`; its outcome as JSON-able data:
-    ["ok", value] or ["err", errno name], then (for calls that change things) which of the touched
-    files' and directories' mtime/ctime moved."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        code = 0
-        try:
-            os.close(r)
-            uid, gid, groups = ACTORS[actor]
-            os.setgroups(list(groups))
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-            os.umask(0o022)
-            os.chdir(base)
-            timed = kind in TIMED
-            before = _all_times() if timed else {}
-            if timed:
-                time.sleep(TIME_SLEEP_S)
+CALL_TIMEOUT_S = 60.0  # one call, on a loaded machine, through FUSE
+
+
+def _serve(uid: int, gid: int, groups: tuple, requests: int, replies: int) -> None:
+    """A worker's loop, with its credentials: one JSON request line in, one JSON reply line out."""
+    os.setgroups(list(groups))
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    os.umask(0o022)
+    with os.fdopen(requests, "r") as inp, os.fdopen(replies, "w") as out:
+        for line in inp:  # ends when the parent closes the pipe
+            base, kind, args = json.loads(line)
             try:
-                out = ["ok", _call(kind, args)]
-            except OSError as e:
-                out = ["err", errno.errorcode.get(e.errno, str(e.errno))]
-            if timed and out[0] == "ok":
-                out.append(_moved_times(kind, args, before, _all_times()))
-            os.write(w, json.dumps(out).encode())
-        except BaseException as e:  # noqa: BLE001 - reported to the parent, never raised in the child
-            os.write(w, json.dumps(["crash", repr(e)]).encode())
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(w)
-    chunks = []
-    while True:
-        b = os.read(r, 1 << 16)
-        if not b:
-            break
-        chunks.append(b)
-    os.close(r)
-    os.waitpid(pid, 0)
-    return json.loads(b"".join(chunks) or b'["crash", "no output"]')
+                reply = _run_here(base, kind, args)
+            except BaseException as e:  # noqa: BLE001 - reported to the parent, never raised here
+                reply = ["crash", repr(e)]
+            out.write(json.dumps(reply) + "\n")
+            out.flush()
+
+
+def _run_here(base: str, kind: str, args: list) -> list:
+    os.chdir(base)
+    timed = kind in TIMED
+    before = _all_times() if timed else {}
+    if timed:
+        time.sleep(TIME_SLEEP_S)
+    try:
+        out = ["ok", _call(kind, args)]
+    except OSError as e:
+        out = ["err", errno.errorcode.get(e.errno, str(e.errno))]
+    if timed and out[0] == "ok":
+        out.append(_moved_times(kind, args, before, _all_times()))
+    return out
+
+
+class Actors:
+    """One forked worker process per actor, holding that actor's credentials for its lifetime (a fork
+    per call costs more than the call). Stop with close(); workers are ours, ended by pid."""
+
+    def __init__(self):
+        self._workers: dict[str, tuple[int, object, object]] = {}
+        for name, (uid, gid, groups) in ACTORS.items():
+            req_r, req_w = os.pipe()
+            rep_r, rep_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                code = 0
+                try:
+                    os.close(req_w)
+                    os.close(rep_r)
+                    for _, other_req, other_rep in self._workers.values():  # their EOF is theirs
+                        other_req.close()
+                        other_rep.close()
+                    _serve(uid, gid, groups, req_r, rep_w)
+                except BaseException:  # noqa: BLE001
+                    code = 1
+                finally:
+                    os._exit(code)
+            os.close(req_r)
+            os.close(rep_w)
+            self._workers[name] = (pid, os.fdopen(req_w, "w"), os.fdopen(rep_r, "r"))
+
+    def call(self, actor: str, base: str, kind: str, args: list) -> list:
+        """Run one call as `actor` in `base`: ["ok", value] or ["err", errno name], then (for calls that
+        change things) which paths' mtime/ctime moved."""
+        import select
+
+        pid, requests, replies = self._workers[actor]
+        requests.write(json.dumps([base, kind, args]) + "\n")
+        requests.flush()
+        ready, _, _ = select.select([replies], [], [], CALL_TIMEOUT_S)
+        if not ready:
+            raise TimeoutError(f"{actor} did not answer {kind} {args} within {CALL_TIMEOUT_S} s")
+        line = replies.readline()
+        if not line:
+            raise RuntimeError(f"worker of {actor} (pid {pid}) exited")
+        return json.loads(line)
+
+    def close(self) -> None:
+        for pid, requests, replies in self._workers.values():
+            requests.close()
+            replies.close()
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        self._workers.clear()
 
 
 # -- the tree ---------------------------------------------------------------------------------------------
@@ -364,10 +425,10 @@ def remove_tree(base: str) -> None:
         shutil.rmtree(base)
 
 
-def run_sequence(base: str, ops: list[list]) -> dict:
+def run_sequence(actors: Actors, base: str, ops: list[list]) -> dict:
     setup_tree(base)
     try:
-        results = [run_call(base, op[0], op[1], op[2:]) for op in ops]
+        results = [actors.call(op[0], base, op[1], op[2:]) for op in ops]
         return {"results": results, "tree": snapshot(base)}
     finally:
         remove_tree(base)
@@ -392,12 +453,16 @@ class Differ:
     def __init__(self, ref_dir: str, mnt_dir: str):
         self.ref_dir, self.mnt_dir = ref_dir, mnt_dir
         self._n = 0
+        self.actors = Actors()
+
+    def close(self) -> None:
+        self.actors.close()
 
     def diff(self, ops: list[list]) -> list[str]:
         self._n += 1
         name = f"seq{self._n}"
-        ref = run_sequence(os.path.join(self.ref_dir, name), ops)
-        got = run_sequence(os.path.join(self.mnt_dir, name), ops)
+        ref = run_sequence(self.actors, os.path.join(self.ref_dir, name), ops)
+        got = run_sequence(self.actors, os.path.join(self.mnt_dir, name), ops)
         return differences(ref, got, ops)
 
     def shrink(self, ops: list[list]) -> list[list]:
@@ -440,6 +505,7 @@ def main(argv: list[str]) -> int:
         os.mkdir(mdir)
         os.chmod(mdir, 0o755)
         differ = Differ(ref, mdir)
+        stack.append(differ.close)
         passed, by_kind, examples = 0, collections.Counter(), {}
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             ops = generate(random.Random(seed))
