@@ -8,6 +8,9 @@ missing=()
 command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
 dpkg -s libfuse3-dev >/dev/null 2>&1 || missing+=(libfuse3-dev)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+# programs tests/fuse/test_fuse_programs.py runs on the mount (it skips those that are missing)
+command -v rsync >/dev/null 2>&1 || missing+=(rsync)
+command -v sqlite3 >/dev/null 2>&1 || missing+=(sqlite3)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
