@@ -20,7 +20,7 @@ import tempfile
 import pytest
 from posix_diff import Differ, generate
 
-SEQUENCES = 96  # generated sequences per run, in CHUNKS parametrised tests (posix_diff.py runs more)
+SEQUENCES = 64  # generated sequences per run, in CHUNKS parametrised tests (posix_diff.py runs more)
 CHUNKS = 4
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching users in the children needs root")

@@ -118,15 +118,22 @@ def install(ops) -> bool:
             err = errno.EIO
         reply(req, err)
 
+    pending: set[asyncio.Task] = set()  # the requests being served (each replies exactly once)
+
+    def start(req: int, ino: int, fh: int, mode: int, offset: int, length: int) -> None:
+        task = asyncio.ensure_future(serve(req, ino, fh, mode, offset, length))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+
     def callback(req, ino, mode, offset, length, fi):
         try:
             fh = ctypes.c_uint64.from_address(fi + FILE_INFO_FH_OFFSET).value if fi else 0
-            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(serve(req, ino, fh, mode, offset, length)))
+            loop.call_soon_threadsafe(start, req, ino, fh, mode, offset, length)
         except Exception:  # never raise into libfuse
             log.exception("fallocate request lost")
             reply(req, errno.EIO)
 
     fn = FALLOCATE_FN(callback)
-    _installed.append(fn)
+    _installed.append((fn, pending))
     table[SLOT_FALLOCATE] = ctypes.cast(fn, ctypes.c_void_p).value
     return True
