@@ -185,7 +185,8 @@ def _call(kind: str, args: list):
         return _with_fd(p, _open_flags(args[1]), lambda fd: os.ftruncate(fd, args[2]))
     if kind == "creat0_ftruncate":  # a file created with mode 0 is still writable through its fd
         return _with_fd(p, os.O_CREAT | os.O_EXCL | os.O_RDWR,
-                        lambda fd: (os.ftruncate(fd, 10), os.pwrite(fd, b"abc", 0), os.fstat(fd).st_size)[2], 0)
+                        lambda fd: (os.ftruncate(fd, 10), os.pwrite(fd, b"abc", 0), os.fstat(fd).st_size)[2],
+                        0)
     if kind == "fchmod_write":  # the fd keeps the access it was opened with
         return _with_fd(p, os.O_RDWR, lambda fd: (os.fchmod(fd, 0), os.pwrite(fd, b"zz", 1),
                                                   os.fsync(fd))[1])

@@ -68,7 +68,8 @@ CASES = {
     ],
     # 2. permissions as the kernel sees them: a directory writable through a supplementary group
     "supplementary_group_directory": [
-        ["u", "mkdir", "grp/a", 0o775], ["u", "creat", "grp/b", 0o664], ["u", "rename", "grp/b", "grp/s"], ["u", "chmod", "grp/s", 0o600],
+        ["u", "mkdir", "grp/a", 0o775], ["u", "creat", "grp/b", 0o664], ["u", "rename", "grp/b", "grp/s"],
+        ["u", "chmod", "grp/s", 0o600],
         ["u", "unlink", "grp/s"], ["u", "rmdir", "grp/a"], ["o", "creat", "grp/b", 0o644],
         ["u", "write", "grp/f", 0, 10], ["u", "truncate", "grp/f", 3], ["u", "utime_now", "grp/f"],
         ["u", "creat", "sgd/a", 0o2755], ["u", "mkdir", "sgd/b", 0o755], ["o", "creat", "sgd/s", 0o2775],
@@ -93,7 +94,8 @@ CASES = {
     "xattrs": [
         ["u", "setxattr", "pub/f", "user.a", "v", 0], ["u", "setxattr", "pub/f", "user.a", "w", 1],
         ["u", "setxattr", "pub/f", "user.b", "v", 2], ["u", "setxattr", "pub/f", "user.a", "x" * 300, 2],
-        ["u", "getxattr", "pub/f", "user.a"], ["u", "listxattr", "pub/f"], ["o", "getxattr", "pub/f", "user.a"],
+        ["u", "getxattr", "pub/f", "user.a"], ["u", "listxattr", "pub/f"],
+        ["o", "getxattr", "pub/f", "user.a"],
         ["o", "setxattr", "pub/f", "user.b", "v", 0], ["u", "setxattr", "pub/f", "trusted.t", "v", 0],
         ["root", "setxattr", "pub/f", "trusted.t", "v", 0], ["u", "listxattr", "pub/f"],
         ["root", "listxattr", "pub/f"], ["u", "setxattr", "pub/f", "os2.x", "v", 0],

@@ -19,7 +19,8 @@ from threefs.kv import Transaction
 from threefs.meta import schema
 from threefs.meta.ops_resolve import Entry, Walker, load_dir, put_dentry, put_inode, touch_dir
 from threefs.meta.paths import Last, ParsedPath, display, encode_name
-from threefs.meta.schema import BLOCKDEV, CHARDEV, DIRECTORY, FILE, SPECIAL_TYPES, SYMLINK, Dentry, Inode, WriteSession
+from threefs.meta.schema import (BLOCKDEV, CHARDEV, DIRECTORY, FILE, SPECIAL_TYPES, SYMLINK, Dentry, Inode,
+                                 WriteSession)
 from threefs.meta.users import ROOT, R, W, X, allowed, new_owner, require
 from threefs.rpc.schemas.meta import InodeAttr, OpenRsp, UserCred
 

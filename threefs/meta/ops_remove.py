@@ -17,8 +17,8 @@ from threefs.common.status import StatusCode, status_error
 from threefs.kv import Transaction
 from threefs.meta import schema
 from threefs.meta.ops_create import require_name
-from threefs.meta.ops_resolve import (Entry, Walker, drop_inode, is_empty_dir, load_dir, put_dentry, put_inode,
-                                      touch_dir)
+from threefs.meta.ops_resolve import (Entry, Walker, drop_inode, is_empty_dir, load_dir, put_dentry,
+                                      put_inode, touch_dir)
 from threefs.meta.paths import Last, ParsedPath, display, encode_name
 from threefs.meta.schema import DIRECTORY, FILE, GcEntry, Inode
 from threefs.meta.users import R, W, X, Acl, require, require_sticky

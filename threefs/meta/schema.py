@@ -41,10 +41,11 @@ import msgspec
 from threefs.common.layout import Layout
 from threefs.meta.paths import encode_name
 from threefs.meta.users import Acl
-from threefs.rpc.schemas.meta import (BLOCKDEV, CHARDEV, DIRECTORY, FIFO, FILE, SOCKET, SPECIAL_TYPES, SYMLINK,
-                                      InodeAttr)
+from threefs.rpc.schemas.meta import (BLOCKDEV, CHARDEV, DIRECTORY, FIFO, FILE, SOCKET, SPECIAL_TYPES,
+                                      SYMLINK, InodeAttr)
 
-__all__ = ["BLOCKDEV", "CHARDEV", "DIRECTORY", "FIFO", "FILE", "SOCKET", "SPECIAL_TYPES", "SYMLINK"]  # re-exported: the inode types stored here are the wire's
+# re-exported: the inode types stored here are the wire's
+__all__ = ["BLOCKDEV", "CHARDEV", "DIRECTORY", "FIFO", "FILE", "SOCKET", "SPECIAL_TYPES", "SYMLINK"]
 
 INODE_PREFIX = b"INOD"
 DENTRY_PREFIX = b"DENT"
