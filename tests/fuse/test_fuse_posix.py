@@ -121,6 +121,11 @@ CASES = {
         ["root", "chown", "own/b", "o", "go"], ["u", "utime_now", "pub"], ["o", "write", "own/b", 0, 1],
         ["u", "mkdir", "pub/a", 0o755], ["u", "rename", "pub/a", "pub/d/a"], ["u", "rmdir", "pub/d/a"],
     ],
+    # shrunk from generated seed 1090: chown(-1, -1) moves only ctime (the kernel sends FATTR_CTIME alone)
+    "chown_nothing_moves_ctime": [
+        ["u", "mkfifo", "pub/a", 0o640], ["u", "lchown", "pub/a", "keep", "keep"],
+        ["u", "chown", "pub/f", "keep", "keep"], ["o", "chown", "stk/f", "keep", "keep"],
+    ],
 }
 
 

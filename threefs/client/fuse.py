@@ -195,7 +195,9 @@ class ThreeFSOperations(pyfuse3.Operations):
             changes["atime_ns"] = attr.st_atime_ns
         if fields.update_mtime:
             changes["mtime_ns"] = attr.st_mtime_ns
-        if changes:
+        # chown(-1, -1) sends FATTR_CTIME alone (regular files) or nothing at all (others): it still moves
+        # ctime, which meta's setattr does
+        if changes or fields.update_ctime or not fields.update_size:
             return self.entry(await self.ns.setattr(inode, user, **changes))
         return self.entry(await self.ns.getattr(inode, user))
 
