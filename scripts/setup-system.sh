@@ -12,6 +12,9 @@ command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)  # the Redis baselines of the benchmarks
 # [s3] benchmarks/s3.py serves the same bytes with nginx as its reference
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+# programs tests/fuse/test_fuse_programs.py runs on the mount (it skips those that are missing)
+command -v rsync >/dev/null 2>&1 || missing+=(rsync)
+command -v sqlite3 >/dev/null 2>&1 || missing+=(sqlite3)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

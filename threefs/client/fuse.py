@@ -37,11 +37,17 @@ from threefs.rpc.schemas import meta as m
 
 log = logging.getLogger(__name__)
 
-TYPE_BITS = {m.FILE: stat.S_IFREG, m.DIRECTORY: stat.S_IFDIR, m.SYMLINK: stat.S_IFLNK}
+TYPE_BITS = {m.FILE: stat.S_IFREG, m.DIRECTORY: stat.S_IFDIR, m.SYMLINK: stat.S_IFLNK, m.FIFO: stat.S_IFIFO,
+             m.CHARDEV: stat.S_IFCHR, m.BLOCKDEV: stat.S_IFBLK, m.SOCKET: stat.S_IFSOCK}
+SPECIAL_OF_BITS = {stat.S_IFIFO: m.FIFO, stat.S_IFCHR: m.CHARDEV, stat.S_IFBLK: m.BLOCKDEV,
+                   stat.S_IFSOCK: m.SOCKET}
 OPEN_FLAGS_PASSED = os.O_ACCMODE | os.O_CREAT | os.O_EXCL | os.O_TRUNC | os.O_APPEND
 READDIR_LOOKUP_BATCH = 64  # entries whose attributes one readdir call fetches concurrently
 STATFS_BLOCK_BYTES = 4096
 READ_POOL_BYTES_MAX = 64 * limits.MiB  # reply buffers kept for reuse (fresh pages fault per 4 KiB)
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 0x01, 0x02, 0x10
+ZERO_PIECE_BYTES = limits.MiB  # zeros of a punched hole go to storage this many bytes per write
+KERNEL_CHECKED = m.UserCred(0, 0, kernel_checked=True)  # requests without a caller (fallocate)
 
 
 @dataclass
@@ -138,13 +144,14 @@ class ThreeFSOperations(pyfuse3.Operations):
         e.st_mode = TYPE_BITS.get(attr.type, stat.S_IFREG) | (attr.mode & 0o7777)
         e.st_nlink = attr.nlink
         e.st_uid, e.st_gid = attr.uid, attr.gid
-        e.st_rdev = 0
+        e.st_rdev = attr.rdev
         if attr.type == m.SYMLINK:
             e.st_size = len(os.fsencode(attr.symlink_target))
-        else:
-            if attr.type == m.FILE:
-                self._meta_length[e.st_ino] = attr.length
+        elif attr.type == m.FILE:
+            self._meta_length[e.st_ino] = attr.length
             e.st_size = self._length(e.st_ino, attr.length)
+        else:
+            e.st_size = 0
         e.st_blksize = attr.layout.chunk_size if attr.layout and attr.type == m.FILE else 4096
         e.st_blocks = -(-e.st_size // 512)
         e.st_atime_ns, e.st_mtime_ns, e.st_ctime_ns = attr.atime_ns, attr.mtime_ns, attr.ctime_ns
@@ -188,7 +195,9 @@ class ThreeFSOperations(pyfuse3.Operations):
             changes["atime_ns"] = attr.st_atime_ns
         if fields.update_mtime:
             changes["mtime_ns"] = attr.st_mtime_ns
-        if changes:
+        # chown(-1, -1) sends FATTR_CTIME alone (regular files) or nothing at all (others): it still moves
+        # ctime, which meta's setattr does
+        if changes or fields.update_ctime or not fields.update_size:
             return self.entry(await self.ns.setattr(inode, user, **changes))
         return self.entry(await self.ns.getattr(inode, user))
 
@@ -236,6 +245,40 @@ class ThreeFSOperations(pyfuse3.Operations):
     async def symlink(self, parent_inode, name, target, ctx):
         attr = await self.ns.symlink(parent_inode, decode(name), decode(target), self.ns.user(ctx))
         return self._found(attr)
+
+    @fuse_errors
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        """FIFOs, devices and sockets become inodes of their type; S_IFREG a regular file."""
+        user, name = self.ns.user(ctx), decode(name)
+        kind = SPECIAL_OF_BITS.get(stat.S_IFMT(mode))
+        if kind is None:
+            if stat.S_IFMT(mode) not in (0, stat.S_IFREG):
+                raise pyfuse3.FUSEError(errno.EINVAL)
+            rsp = await self.ns.create(parent_inode, name, os.O_CREAT | os.O_EXCL | os.O_WRONLY,
+                                       stat.S_IMODE(mode), user)
+            attr = await self.ns.close(rsp.attr.inode, rsp.session, -1)
+            return self._found(attr)
+        return self._found(await self.ns.mknod(parent_inode, name, kind, stat.S_IMODE(mode), rdev, user))
+
+    # -- extended attributes ---------------------------------------------------------------------
+    @fuse_errors
+    async def getxattr(self, inode, name, ctx):
+        rsp = await self.ns.xattr(inode, m.XATTR_GET, self.ns.user(ctx), decode(name))
+        return rsp.value
+
+    @fuse_errors
+    async def setxattr(self, inode, name, value, ctx):
+        # pyfuse3 has checked XATTR_CREATE / XATTR_REPLACE with getxattr already (not atomically)
+        await self.ns.xattr(inode, m.XATTR_SET, self.ns.user(ctx), decode(name), bytes(value))
+
+    @fuse_errors
+    async def listxattr(self, inode, ctx):
+        rsp = await self.ns.xattr(inode, m.XATTR_LIST, self.ns.user(ctx))
+        return [os.fsencode(n) for n in rsp.names]
+
+    @fuse_errors
+    async def removexattr(self, inode, name, ctx):
+        await self.ns.xattr(inode, m.XATTR_REMOVE, self.ns.user(ctx), decode(name))
 
     @fuse_errors
     async def link(self, inode, new_parent_inode, new_name, ctx):
@@ -349,6 +392,30 @@ class ThreeFSOperations(pyfuse3.Operations):
         await h.writer.write(off, buf)
         h.written_end = max(h.written_end, off + len(buf))
         return len(buf)
+
+    async def fallocate(self, ino: int, fh: int, mode: int, offset: int, length: int) -> None:
+        """fallocate(2) (routed here by fuse_fallocate): 0 extends the size, KEEP_SIZE reserves (nothing
+        to do: storage allocates on write), PUNCH_HOLE / ZERO_RANGE write zeros over the range. The kernel
+        has checked the descriptor is writable and flushed its cached pages of the range."""
+        h = self._handles.get(fh)
+        if h is None or h.ino != ino or h.writer is None:
+            h = next((x for x in self._handles.values() if x.ino == ino and x.writer is not None), None)
+        if h is None:
+            raise OSError(errno.EBADF, f"fallocate: inode {ino} has no handle open for writing")
+        keep, kind = bool(mode & FALLOC_FL_KEEP_SIZE), mode & ~FALLOC_FL_KEEP_SIZE
+        if kind not in (0, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE) or (kind == FALLOC_FL_PUNCH_HOLE
+                                                                             and not keep):
+            raise OSError(errno.EOPNOTSUPP, f"fallocate mode {mode:#x} is not supported")
+        if offset < 0 or length <= 0:
+            raise OSError(errno.EINVAL, "fallocate: offset must be >= 0 and length > 0")
+        end, size = offset + length, self._length(ino, h.attr.length)
+        if kind:
+            self._drop_read_ahead(ino)
+            for pos in range(offset, min(end, size), ZERO_PIECE_BYTES):
+                await h.writer.write(pos, bytes(min(ZERO_PIECE_BYTES, min(end, size) - pos)))
+            await h.writer.flush()
+        if not keep and end > size:
+            await self._truncate(ino, end, KERNEL_CHECKED)
 
     def _drop_read_ahead(self, ino: int) -> None:
         for other in self._handles.values():

@@ -154,6 +154,7 @@ def run_foreground(config, mountpoint: str, options) -> int:
 async def _serve(config, mnt: str, options) -> None:
     import pyfuse3
 
+    from threefs.client import fuse_fallocate
     from threefs.client.aio import AsyncClient
     from threefs.client.fuse import ThreeFSOperations
 
@@ -163,6 +164,7 @@ async def _serve(config, mnt: str, options) -> None:
     if options.allow_other:
         fuse_options.add("allow_other")
     pyfuse3.init(ops, mnt, fuse_options)
+    fuse_fallocate.install(ops)  # pyfuse3 does not pass fallocate on
     loop = asyncio.get_running_loop()
     stopping = []
 

@@ -8,6 +8,12 @@ Meta resolves (parent inode, name) and inodes itself (3FS's "path at"), so the d
 a rename or unlink elsewhere can never make it act on the wrong file. Every call carries the caller's
 uid, gid and groups (the daemon's cluster token may act for any user), so meta checks permissions and
 new files belong to whoever created them.
+
+Permissions have one source of truth: the kernel. The mount uses `default_permissions`, so the kernel has
+checked every call with the caller's full credentials (supplementary groups and capabilities included)
+before it reaches the daemon; the credential goes to meta marked `kernel_checked`, and meta checks nothing
+again (it would only get it wrong: FUSE tells the daemon uid, gid and pid, not the credentials the call
+was made with).
 """
 
 from __future__ import annotations
@@ -65,7 +71,7 @@ class Namespace:
         """The calling process's credentials (None when the kernel gave no context)."""
         if ctx is None:
             return None
-        return m.UserCred(ctx.uid, ctx.gid, self._sup_groups(ctx.pid, ctx.gid))
+        return m.UserCred(ctx.uid, ctx.gid, self._sup_groups(ctx.pid, ctx.gid), kernel_checked=True)
 
     def _sup_groups(self, pid: int, gid: int) -> tuple[int, ...]:
         now = time.monotonic()
@@ -126,6 +132,16 @@ class Namespace:
 
     async def symlink(self, parent: int, name: str, target: str, user) -> m.InodeAttr:
         return await self.aio.symlink_at(to_meta(parent), name, target, user)
+
+    async def mknod(self, parent: int, name: str, kind: int, mode: int, rdev: int, user) -> m.InodeAttr:
+        req = m.MknodReq(name, kind, mode, rdev, to_meta(parent), user)
+        return (await self.aio.meta_call("mknod", req, m.AttrRsp)).attr
+
+    async def xattr(self, ino: int, op: str, user, name: str = "", value: bytes = b"",
+                    flags: int = 0) -> m.XattrRsp:
+        """get / set / list / remove an extended attribute of the inode itself."""
+        req = m.XattrReq(op, "", name, value, flags, follow=False, parent=to_meta(ino), user=user)
+        return await self.aio.meta_call("xattr", req, m.XattrRsp)
 
     async def link(self, ino: int, new_parent: int, new_name: str, user) -> m.InodeAttr:
         return await self.aio.link_at(to_meta(ino), to_meta(new_parent), new_name, user)

@@ -55,6 +55,9 @@ class StatusCode(IntEnum):
     FILE_TOO_LARGE = 412
     NOT_PERMITTED = 413  # EPERM: not the owner (chmod, sticky directories, hard link to a directory)
     TOO_MANY_LINKS = 414  # EMLINK: a file's hard-link count is at its limit
+    NO_ATTRIBUTE = 415  # ENODATA: no extended attribute of that name
+    OUT_OF_RANGE = 416  # ERANGE: an extended attribute's name is too long
+    VALUE_TOO_LARGE = 417  # E2BIG: an extended attribute's value is over the limit
     # storage (5xx)
     CHAIN_VERSION_MISMATCH = 500
     NOT_HEAD = 501
@@ -98,6 +101,9 @@ _ERRNO = {
     StatusCode.FILE_TOO_LARGE: _errno.EFBIG,
     StatusCode.NOT_PERMITTED: _errno.EPERM,
     StatusCode.TOO_MANY_LINKS: _errno.EMLINK,
+    StatusCode.NO_ATTRIBUTE: _errno.ENODATA,
+    StatusCode.OUT_OF_RANGE: _errno.ERANGE,
+    StatusCode.VALUE_TOO_LARGE: _errno.E2BIG,
     StatusCode.NO_SPACE: _errno.ENOSPC,
     StatusCode.CHECKSUM_MISMATCH: _errno.EIO,
     StatusCode.IO_ERROR: _errno.EIO,

@@ -26,7 +26,7 @@ from threefs.meta.ops_create import Replan, derive_layout, set_length
 from threefs.meta.ops_resolve import Entry, Walker, put_inode
 from threefs.meta.paths import ParsedPath, decode_name, display, encode_name
 from threefs.meta.schema import DIRECTORY, FILE, SYMLINK, Inode
-from threefs.meta.users import R, W, in_group, require, require_owner
+from threefs.meta.users import R, W, in_group, privileged, require, require_owner
 from threefs.rpc.schemas.meta import UTIME_NOW, DirEntry, InodeAttr, UserCred
 
 SESSION_ID_CHARS_MAX = 64
@@ -169,7 +169,7 @@ async def setattr(
 def _chmod(inode: Inode, mode: int, user: UserCred, what: str) -> None:
     require_owner(user, schema.acl_of(inode), f"chmod {what}")
     mode &= 0o7777
-    if user.uid != 0 and not in_group(user, inode.gid):  # Linux drops setgid silently here
+    if not privileged(user) and not in_group(user, inode.gid):  # Linux drops setgid silently here
         mode &= ~st.S_ISGID
     inode.mode = mode
 
@@ -179,7 +179,7 @@ def _chown(inode: Inode, uid: int | None, gid: int | None, user: UserCred, what:
     for value in (uid, gid):
         if value is not None and not 0 <= value < (1 << 32) - 1:
             raise status_error(StatusCode.INVALID_ARGUMENT, f"chown {what}: id {value} is out of range")
-    if user.uid != 0:
+    if not privileged(user):
         if uid is not None and uid != inode.uid or user.uid != inode.uid:
             raise status_error(StatusCode.NOT_PERMITTED, f"operation not permitted: chown {what} (only root "
                                f"gives files away; uid {user.uid} owns it: {user.uid == inode.uid})")

@@ -1,5 +1,5 @@
 """Operations that create inodes or names: root init, mkdir, open (O_CREAT / O_TRUNC / write sessions),
-symlink and hard link.
+symlink, special files (mknod) and hard link.
 
 Each function is the body of one KV transaction: it gets the transaction and everything else as arguments
 (time, chain table, id sources), and touches nothing outside the transaction, so a retry simply runs it again.
@@ -19,7 +19,8 @@ from threefs.kv import Transaction
 from threefs.meta import schema
 from threefs.meta.ops_resolve import Entry, Walker, load_dir, put_dentry, put_inode, touch_dir
 from threefs.meta.paths import Last, ParsedPath, display, encode_name
-from threefs.meta.schema import DIRECTORY, FILE, SYMLINK, Dentry, Inode, WriteSession
+from threefs.meta.schema import (BLOCKDEV, CHARDEV, DIRECTORY, FILE, SPECIAL_TYPES, SYMLINK, Dentry, Inode,
+                                 WriteSession)
 from threefs.meta.users import ROOT, R, W, X, allowed, new_owner, require
 from threefs.rpc.schemas.meta import InodeAttr, OpenRsp, UserCred
 
@@ -260,6 +261,9 @@ def _check_open_existing(inode: Inode, flags: int, parsed: ParsedPath, path: str
         raise status_error(StatusCode.NOT_DIRECTORY, f"not a directory: {path}")
     if inode.type == SYMLINK:  # only reached when not following (O_NOFOLLOW)
         raise status_error(StatusCode.TOO_MANY_SYMLINKS, f"{path} is a symbolic link (O_NOFOLLOW)")
+    if inode.type in SPECIAL_TYPES:  # pipes, devices and sockets are opened by the kernel, not here
+        raise status_error(StatusCode.NOT_SUPPORTED, f"{path} is a special file (FIFO, device or socket): "
+                           "open it through a FUSE mount, where the kernel does its IO")
 
 
 def _check_open_access(user: UserCred, inode: Inode, flags: int, path: str) -> None:
@@ -316,6 +320,37 @@ async def symlink(tr: Transaction, parsed: ParsedPath, target: str, env: CreateE
                       symlink_target=target)
     put_inode(tr, inode_id, inode)
     put_dentry(tr, entry.dir_id, entry.name, Dentry(inode_id, SYMLINK, creator=env.token))
+    touch_dir(tr, entry.dir_id, parent, env.now_ns)
+    return schema.to_attr(inode_id, inode)
+
+
+RDEV_MAX = (1 << 64) - 1
+
+
+async def mknod(tr: Transaction, parsed: ParsedPath, kind: int, mode: int, rdev: int,
+                env: CreateEnv) -> InodeAttr:
+    """mknod(2) of a FIFO, device or socket: an inode of that type with its mode and rdev (no layout, no
+    chunks; the kernel does its IO). Creating devices is the kernel's to allow (CAP_MKNOD)."""
+    if kind not in SPECIAL_TYPES:
+        raise status_error(StatusCode.INVALID_ARGUMENT, f"mknod type {kind} is not a special file type "
+                           f"(FIFO, CHARDEV, BLOCKDEV, SOCKET); regular files are created by open")
+    if not 0 <= rdev <= RDEV_MAX:
+        raise status_error(StatusCode.INVALID_ARGUMENT, f"mknod: device number {rdev} is out of range")
+    require_name(parsed, "create a special file at")
+    walker = Walker(tr, display(parsed), snapshot=False, user=env.user)
+    entry = await walker.resolve(parsed, follow=False)
+    if env.retried(entry.dentry):
+        return schema.to_attr(entry.dentry.inode, await walker.load(entry.dentry.inode))
+    if entry.dentry is not None or parsed.kind is not Last.NAME:
+        raise status_error(StatusCode.EXISTS, f"file exists: {walker.path}")
+    if parsed.trailing_slash:
+        raise walker.not_found(walker.path)
+    parent = await writable_parent(tr, entry, walker.user, f"mknod {walker.path}")
+    inode_id = env.take_inode()
+    uid, gid, mode = new_owner(env.user, schema.acl_of(parent), mode & PERMISSION_BITS, False)
+    inode = new_inode(kind, mode, env.now_ns, uid, gid, rdev=rdev if kind in (CHARDEV, BLOCKDEV) else 0)
+    put_inode(tr, inode_id, inode)
+    put_dentry(tr, entry.dir_id, entry.name, Dentry(inode_id, kind, creator=env.token))
     touch_dir(tr, entry.dir_id, parent, env.now_ns)
     return schema.to_attr(inode_id, inode)
 

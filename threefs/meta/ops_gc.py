@@ -15,6 +15,7 @@ from threefs.common.status import StatusCode, status_error
 from threefs.kv import Transaction
 from threefs.meta import schema
 from threefs.meta.ops_remove import hand_to_gc, release_inode
+from threefs.meta.ops_resolve import drop_inode
 from threefs.meta.schema import DIRECTORY, ClientRecord, GcEntry
 
 GC_SCAN_PAGE = 256
@@ -68,7 +69,7 @@ async def gc_done(tr: Transaction, entry: GcEntry) -> bool:
     if raw is not None and schema.decode_inode(raw).nlink != 0:
         raise status_error(StatusCode.INTERNAL, f"inode {inode_id} is queued for GC but has names again")
     tr.clear(schema.gc_key(entry))
-    tr.clear(schema.inode_key(inode_id))
+    drop_inode(tr, inode_id)
     tr.clear_range(*schema.session_range(inode_id))
     return True
 
@@ -96,7 +97,7 @@ async def gc_dir_step(tr: Transaction, entry: GcEntry, now_ns: int, page: int = 
     if len(rows) == page:
         return False
     tr.clear(schema.gc_key(entry))
-    tr.clear(schema.inode_key(dir_id))
+    drop_inode(tr, dir_id)
     return True
 
 

@@ -17,7 +17,8 @@ from threefs.common.status import StatusCode, status_error
 from threefs.kv import Transaction
 from threefs.meta import schema
 from threefs.meta.ops_create import require_name
-from threefs.meta.ops_resolve import Entry, Walker, is_empty_dir, load_dir, put_dentry, put_inode, touch_dir
+from threefs.meta.ops_resolve import (Entry, Walker, drop_inode, is_empty_dir, load_dir, put_dentry,
+                                      put_inode, touch_dir)
 from threefs.meta.paths import Last, ParsedPath, display, encode_name
 from threefs.meta.schema import DIRECTORY, FILE, GcEntry, Inode
 from threefs.meta.users import R, W, X, Acl, require, require_sticky
@@ -35,7 +36,7 @@ TREE_CHECK_PAGE = 1024
 def release_inode(tr: Transaction, inode_id: int, inode: Inode, now_ns: int) -> None:
     """One name of `inode` is gone: drop a link; a file left without names is queued for GC."""
     if inode.type == DIRECTORY:  # only ever removed empty
-        tr.clear(schema.inode_key(inode_id))
+        drop_inode(tr, inode_id)
         return
     inode.nlink -= 1
     inode.ctime_ns = max(inode.ctime_ns, now_ns)
@@ -47,7 +48,7 @@ def release_inode(tr: Transaction, inode_id: int, inode: Inode, now_ns: int) -> 
         entry = GcEntry(inode=inode_id, layout=inode.layout, length=inode.length, queued_ns=now_ns)
         tr.set(schema.gc_key(entry), schema.encode(entry))
     else:
-        tr.clear(schema.inode_key(inode_id))
+        drop_inode(tr, inode_id)
 
 
 async def _touch(tr: Transaction, parents: dict[int, Inode], now_ns: int) -> None:
@@ -117,7 +118,7 @@ async def rmdir(tr: Transaction, parsed: ParsedPath, user: UserCred, now_ns: int
     if not await is_empty_dir(tr, entry.dentry.inode):
         raise status_error(StatusCode.NOT_EMPTY, f"directory not empty: {walker.path}")
     tr.clear(schema.dentry_key(entry.dir_id, entry.name))
-    tr.clear(schema.inode_key(entry.dentry.inode))
+    drop_inode(tr, entry.dentry.inode)
     await _touch(tr, {entry.dir_id: parent}, now_ns)
 
 

@@ -10,6 +10,7 @@ Keys, as in 3FS (`src/common/kv/KeyPrefix-def.h`); a 4-byte prefix names the tab
     GCQU + queued time (8 B BE) + inode (8 B BE)     -> GcEntry     (oldest first; directories at time 0)
     IALC                                             -> next free inode id (8 B big-endian)
     CALC + table id (4 B BE) + stripe (4 B BE)        -> next chain-allocation slot (8 B big-endian)
+    XATR + inode (8 B little-endian) + name          -> the value of one extended attribute (raw bytes)
 
 A client key is the client id's length (1 byte) and its bytes, so one client's keys form one range.
 
@@ -40,9 +41,11 @@ import msgspec
 from threefs.common.layout import Layout
 from threefs.meta.paths import encode_name
 from threefs.meta.users import Acl
-from threefs.rpc.schemas.meta import DIRECTORY, FILE, SYMLINK, InodeAttr
+from threefs.rpc.schemas.meta import (BLOCKDEV, CHARDEV, DIRECTORY, FIFO, FILE, SOCKET, SPECIAL_TYPES,
+                                      SYMLINK, InodeAttr)
 
-__all__ = ["DIRECTORY", "FILE", "SYMLINK"]  # re-exported: the inode types stored here are the wire's
+# re-exported: the inode types stored here are the wire's
+__all__ = ["BLOCKDEV", "CHARDEV", "DIRECTORY", "FIFO", "FILE", "SOCKET", "SPECIAL_TYPES", "SYMLINK"]
 
 INODE_PREFIX = b"INOD"
 DENTRY_PREFIX = b"DENT"
@@ -52,7 +55,8 @@ IDEM_PREFIX = b"IDEM"
 GC_PREFIX = b"GCQU"
 INODE_COUNTER_KEY = b"IALC"
 CHAIN_COUNTER_PREFIX = b"CALC"
-KVSTORE_PREFIX = b"KVST"  # [kvstore] threefs.kvstore records: + store dir inode (8 B BE) + key (ops_kvstore)
+KVSTORE_PREFIX = b"KVST"  # threefs.kvstore records: + store dir inode (8 B BE) + key (ops_kvstore)
+XATTR_PREFIX = b"XATR"
 
 _LE64 = struct.Struct("<Q")
 _BE64 = struct.Struct(">Q")
@@ -62,7 +66,7 @@ _CHAIN_COUNTER = struct.Struct(">II")
 class Inode(msgspec.Struct, omit_defaults=True):
     """One file, directory or symlink. The id is the key, not a field."""
 
-    type: int  # FILE / DIRECTORY / SYMLINK
+    type: int  # FILE / DIRECTORY / SYMLINK / a special type (FIFO, CHARDEV, BLOCKDEV, SOCKET)
     mode: int  # permission bits only (no S_IF* type bits)
     uid: int
     gid: int
@@ -76,6 +80,7 @@ class Inode(msgspec.Struct, omit_defaults=True):
     parent: int = 0  # directories: the parent directory, for '..' and rename's subtree check
     name: bytes = b""  # directories: the name in the parent (raw bytes, may be non-UTF-8), to find the dentry
     symlink_target: str = ""
+    rdev: int = 0  # character and block devices: the device number
 
 
 class Dentry(msgspec.Struct, omit_defaults=True):
@@ -152,6 +157,19 @@ def dentry_key(parent: int, name: str | bytes) -> bytes:
 def dentry_range(parent: int) -> tuple[bytes, bytes]:
     prefix = dentry_prefix(parent)
     return prefix, strinc(prefix)
+
+
+def xattr_key(inode: int, name: str) -> bytes:
+    return XATTR_PREFIX + _LE64.pack(inode) + name.encode("utf-8", "surrogateescape")
+
+
+def xattr_range(inode: int) -> tuple[bytes, bytes]:
+    prefix = XATTR_PREFIX + _LE64.pack(inode)
+    return prefix, strinc(prefix)
+
+
+def xattr_name(key: bytes) -> str:
+    return key[len(XATTR_PREFIX) + 8:].decode("utf-8", "surrogateescape")
 
 
 def session_prefix(inode: int) -> bytes:
@@ -285,6 +303,7 @@ def to_attr(inode_id: int, inode: Inode) -> InodeAttr:
         layout=inode.layout,
         symlink_target=inode.symlink_target,
         truncate_ver=inode.truncate_ver,
+        rdev=inode.rdev,
     )
 
 

@@ -190,6 +190,16 @@ class MetaService(KvstoreRpcs):
         caller = self._caller(ctx, req)
         return m.AttrRsp(await self.store.symlink(req.path, req.target, parent=req.parent, caller=caller))
 
+    @rpc(m.MknodReq)
+    async def mknod(self, ctx: CallContext, req: m.MknodReq) -> m.AttrRsp:
+        caller = self._caller(ctx, req)
+        return m.AttrRsp(await self.store.mknod(req.path, req.type, req.mode, req.rdev, parent=req.parent,
+                                                caller=caller))
+
+    @rpc(m.XattrReq)
+    async def xattr(self, ctx: CallContext, req: m.XattrReq) -> m.XattrRsp:
+        return await self.store.xattr(req, self._caller(ctx, req))
+
     @rpc(m.LinkReq)
     async def link(self, ctx: CallContext, req: m.LinkReq) -> m.AttrRsp:
         caller = self._caller(ctx, req)

@@ -37,7 +37,7 @@ from threefs.common.ids import FIRST_USER_INODE, INODE_MAX
 from threefs.common.layout import Layout
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.kv import KVEngine, Transaction
-from threefs.meta import ops_attr, ops_create, ops_gc, ops_remove, schema
+from threefs.meta import ops_attr, ops_create, ops_gc, ops_remove, ops_xattr, schema
 from threefs.meta.ops_attr import Changes, LengthUpdate, TruncatePlan
 from threefs.meta.ops_create import CreateEnv
 from threefs.meta.paths import ParsedPath, parse_path
@@ -278,6 +278,18 @@ class MetaStore:
         parsed, now_ns = parse_path(path, parent), self._clock_ns()
         env = self._env(now_ns, caller)
         return await self._run(lambda tr: ops_create.symlink(tr, parsed, target, env))
+
+    async def mknod(self, path: str, kind: int, mode: int, rdev: int = 0, *, parent: int = NO_PARENT,
+                    caller: Caller = ANONYMOUS) -> InodeAttr:
+        """mknod(2) of a special file (schema.SPECIAL_TYPES)."""
+        parsed, now_ns = parse_path(path, parent), self._clock_ns()
+        env = self._env(now_ns, caller)
+        return await self._run(lambda tr: ops_create.mknod(tr, parsed, kind, mode, rdev, env))
+
+    async def xattr(self, req, caller: Caller = ANONYMOUS):
+        """get / set / list / remove an extended attribute (rpc.schemas.meta.XattrReq)."""
+        parsed, now_ns = parse_path(req.path, req.parent), self._clock_ns()
+        return await self._run(lambda tr: ops_xattr.xattr(tr, parsed, req, caller.user, now_ns))
 
     async def link(self, src: str, dst: str, *, src_parent: int = NO_PARENT, dst_parent: int = NO_PARENT,
                    caller: Caller = ANONYMOUS) -> InodeAttr:

@@ -14,6 +14,11 @@ Checks (Linux's generic_permission, without ACLs): the owner's bits if uid match
 the file's gid is among the caller's groups, else the others'. Root (uid 0) passes every read/write/search
 check. The sticky bit on a directory lets only the owner of an entry, the owner of the directory, or root
 remove or rename the entry (EPERM otherwise).
+
+One source of truth. A FUSE mount with `default_permissions` has the kernel check every access with the
+caller's full credentials (supplementary groups, capabilities) before the daemon hears of it; the daemon
+then marks the credential `kernel_checked`, and every check here passes for it (ownership and the setgid
+rules the kernel applies too), so meta never refuses what the kernel allowed nor decides differently.
 """
 
 from __future__ import annotations
@@ -73,13 +78,18 @@ def acting_user(principal: str, requested: UserCred | None, known: dict[str, Use
                        f"{requested.uid} (only privileged tokens may pass a user)")
 
 
+def privileged(user: UserCred) -> bool:
+    """Root, or a caller whose permissions the kernel has checked (it also applied the set-id rules)."""
+    return user.uid == 0 or user.kernel_checked
+
+
 def in_group(user: UserCred, gid: int) -> bool:
     return gid == user.gid or gid in user.gids
 
 
 def allowed(user: UserCred, acl: Acl, want: int) -> bool:
     """Whether `user` has every permission in `want` (R|W|X bits) on an inode with `acl`."""
-    if user.uid == 0:
+    if user.uid == 0 or user.kernel_checked:
         return True
     if user.uid == acl.uid:
         bits = (acl.mode >> 6) & 7
@@ -100,14 +110,14 @@ def require(user: UserCred, acl: Acl, want: int, what: str) -> None:
 
 def require_owner(user: UserCred, acl: Acl, what: str) -> None:
     """EPERM unless `user` owns the inode or is root (chmod, utimes with explicit times)."""
-    if user.uid != 0 and user.uid != acl.uid:
+    if user.uid != 0 and user.uid != acl.uid and not user.kernel_checked:
         raise status_error(StatusCode.NOT_PERMITTED, f"operation not permitted: {what} (uid {user.uid} "
                            f"does not own it; owner is {acl.uid})")
 
 
 def require_sticky(user: UserCred, dir_acl: Acl, victim_uid: int, what: str) -> None:
     """In a sticky directory only the entry's owner, the directory's owner or root may remove it."""
-    if dir_acl.mode & st.S_ISVTX and user.uid not in (0, victim_uid, dir_acl.uid):
+    if dir_acl.mode & st.S_ISVTX and user.uid not in (0, victim_uid, dir_acl.uid) and not user.kernel_checked:
         raise status_error(StatusCode.NOT_PERMITTED, f"operation not permitted: {what} (the directory is "
                            f"sticky and uid {user.uid} owns neither the entry nor the directory)")
 
@@ -120,6 +130,6 @@ def new_owner(user: UserCred, parent: Acl, mode: int, is_dir: bool) -> tuple[int
         gid = parent.gid
         if is_dir:
             mode |= st.S_ISGID
-        elif mode & st.S_ISGID and user.uid != 0 and not in_group(user, gid):
+        elif mode & st.S_ISGID and not privileged(user) and not in_group(user, gid):
             mode &= ~st.S_ISGID
     return user.uid, gid, mode

@@ -21,6 +21,13 @@ from threefs.common.layout import Layout
 FILE = 1
 DIRECTORY = 2
 SYMLINK = 3
+# Special files: inodes of their type with mode and rdev; their IO is the kernel's (pipes, devices,
+# sockets), never storage's.
+FIFO = 4
+CHARDEV = 5
+BLOCKDEV = 6
+SOCKET = 7
+SPECIAL_TYPES = (FIFO, CHARDEV, BLOCKDEV, SOCKET)
 
 NO_PARENT = -1  # `parent` default: the path must be absolute
 UTIME_NOW = -1  # SetattrReq.atime_ns / mtime_ns: "the server's current time" (utimensat's UTIME_NOW)
@@ -32,6 +39,10 @@ class UserCred(msgspec.Struct, frozen=True):
     uid: int
     gid: int
     gids: tuple[int, ...] = ()
+    # The kernel has already checked this call's permissions with the caller's full credentials (a FUSE
+    # mount with default_permissions): meta checks nothing again, it only gives new inodes their owner.
+    # Only a privileged principal may send it (users.acting_user).
+    kernel_checked: bool = False
 
 
 class InodeAttr(msgspec.Struct):
@@ -48,6 +59,7 @@ class InodeAttr(msgspec.Struct):
     layout: Layout | None = None  # file layout, or a directory's default layout
     symlink_target: str = ""
     truncate_ver: int = 0  # files: bumped by every truncate; send it back with length hints (SyncReq)
+    rdev: int = 0  # character and block devices: the device number
 
 
 class DirEntry(msgspec.Struct, array_like=True):  # a readdir page carries up to 1024 of these
@@ -194,6 +206,41 @@ class SymlinkReq(msgspec.Struct):
     parent: int = NO_PARENT
     user: UserCred | None = None
     request_id: int = 0
+
+
+class MknodReq(msgspec.Struct):
+    """mknod(2) of a special file (FIFO / CHARDEV / BLOCKDEV / SOCKET); regular files are open's."""
+
+    path: str
+    type: int
+    mode: int = 0o644
+    rdev: int = 0
+    parent: int = NO_PARENT
+    user: UserCred | None = None
+    request_id: int = 0
+
+
+XATTR_GET, XATTR_SET, XATTR_LIST, XATTR_REMOVE = "get", "set", "list", "remove"
+XATTR_CREATE, XATTR_REPLACE = 1, 2  # setxattr flags (os.XATTR_CREATE / os.XATTR_REPLACE)
+
+
+class XattrReq(msgspec.Struct):
+    """Extended attributes of an inode: op get / set / list / remove (see meta/ops_xattr.py)."""
+
+    op: str
+    path: str
+    name: str = ""
+    value: bytes = b""
+    flags: int = 0  # set: XATTR_CREATE / XATTR_REPLACE
+    follow: bool = True
+    parent: int = NO_PARENT
+    user: UserCred | None = None
+    request_id: int = 0
+
+
+class XattrRsp(msgspec.Struct):
+    value: bytes = b""  # get
+    names: list[str] = []  # list
 
 
 class ReadlinkRsp(msgspec.Struct):
