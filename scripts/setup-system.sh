@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install the system packages the FUSE mount needs (fuse3 for fusermount3; libfuse3-dev and pkg-config to
-# build pyfuse3), and redis-server (the baseline of benchmarks/queue.py and benchmarks/kvstore.py).
+# Install the system packages the tests and benchmarks need: fuse3 (fusermount3), libfuse3-dev and
+# pkg-config (to build pyfuse3), redis-server and nginx-light (benchmark baselines), rsync and sqlite3
+# (programs the FUSE tests run on the mount).
 # Idempotent: does nothing when they are present. Needs root (CI and dev machines are);
 # without root it says what to install and carries on, and the FUSE tests skip with that reason.
 # Called by scripts/test.sh and scripts/up.sh before scripts/setup-venv.sh.
