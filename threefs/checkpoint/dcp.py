@@ -328,7 +328,9 @@ def release_process_groups() -> int:
         return 0
     dropped = 0
     for obj in gc.get_objects():  # meshes pinned by DTensor's caches are reachable only from there
-        if isinstance(obj, mesh_type):
+        # the MRO, not isinstance: DeviceMesh's metaclass probes the object (torch's deprecated
+        # aliases then warn, at exit)
+        if mesh_type in type(obj).__mro__:
             registry = obj.__dict__.get("_pg_registry")
             if isinstance(registry, dict) and registry:
                 dropped += len(registry)
