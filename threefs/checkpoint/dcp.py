@@ -24,8 +24,8 @@ weights_only=False): that step is DCP's, not this storage layer's.
 Exit: torch's DTensor keeps every DeviceMesh it has seen in module-level caches (sharding
 propagation, redistribute planners) and a DeviceMesh holds its process groups in `_pg_registry`, so
 after `dist.destroy_process_group()` the gloo group of a DTensor job stays alive, with its worker
-threads, until interpreter finalisation tears it down; a rank then aborted at exit ("terminate
-called without an active exception", rc -6). `release_process_groups()` drops those references so
+threads, until interpreter finalisation tears it down: the state in which a rank aborted at exit
+("terminate called without an active exception", rc -6). `release_process_groups()` drops those references so
 the group is freed while the interpreter is alive; it runs at exit by itself (atexit, registered on
 import) and `destroy_process_group()` does both steps at once. See docs/checkpoint.md.
 """
