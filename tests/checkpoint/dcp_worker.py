@@ -1,6 +1,27 @@
-"""A rank of the DCP tests (run as a subprocess: python dcp_worker.py CONFIG ROOT MODE RANK WORLD PORT)."""
+"""A rank of the DCP tests (run as a subprocess: python dcp_worker.py CONFIG ROOT MODE RANK WORLD PORT).
 
+Ends the way a user's script does (barrier, dist.destroy_process_group(), fs.close()) and checks at
+exit, after threefs's own exit hooks, that no gloo or TCPStore thread is left for interpreter
+finalisation to tear down: a group left alive there aborted a rank at exit (rc -6, "terminate
+called without an active exception"), about one run in four."""
+
+import atexit
+import glob
+import os
 import sys
+
+TORCH_COMM_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop", "pt_tcpstore_uv")
+
+
+def _no_comm_threads_at_exit():
+    left = sorted(n for n in (open(p).read().strip() for p in glob.glob("/proc/self/task/*/comm"))
+                  if n in TORCH_COMM_THREADS)
+    if left:
+        print(f"torch.distributed threads still alive at exit: {left}", file=sys.stderr, flush=True)
+        os._exit(70)
+
+
+atexit.register(_no_comm_threads_at_exit)  # first registered: runs after every other exit hook
 
 import torch
 import torch.distributed as dist

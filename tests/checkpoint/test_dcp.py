@@ -4,6 +4,7 @@ one process (another world size); a damaged item is reported by name."""
 
 from __future__ import annotations
 
+import glob
 import subprocess
 import sys
 from pathlib import Path
@@ -97,3 +98,34 @@ def test_manager_two_ranks_publish_after_all_finish(fs, d, cluster):
     assert "failed:" in outs[0] and "rank 1" in outs[0] and "not published" in outs[0], outs
     assert "failed:" in outs[1] and "cannot save 'bad'" in outs[1], outs
     assert m.steps() == [2, 3]
+
+
+def _comm_threads() -> list[str]:
+    names = (Path(p).read_text().strip() for p in glob.glob("/proc/self/task/*/comm"))
+    return sorted(n for n in names if n in ("pt_gloo_runloop", "gloo_tcp_loop", "pt_tcpstore_uv"))
+
+
+def test_release_process_groups_frees_a_dtensor_jobs_gloo_group():
+    """After dist.destroy_process_group() a DTensor job's gloo group is still held by the DeviceMesh
+    that DTensor's caches keep: release_process_groups() frees it now (its threads joined), so
+    interpreter finalisation has nothing of it to tear down."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from threefs.checkpoint.dcp import release_process_groups
+
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        t = distribute_tensor(torch.arange(12.0).reshape(3, 4), mesh, [Shard(1)])
+        assert torch.equal(t.full_tensor(), torch.arange(12.0).reshape(3, 4))
+        assert release_process_groups() == 0  # the group is in use: left alone
+    finally:
+        dist.destroy_process_group()
+    del mesh, t
+    assert _comm_threads(), "the destroyed group's threads are gone already: nothing left to test"
+    assert release_process_groups() >= 1
+    assert _comm_threads() == []
+    assert release_process_groups() == 0  # idempotent

@@ -20,11 +20,21 @@ Metadata is written with torch.save and read back with torch.load(weights_only=T
 DCP's metadata classes (FileSystemReader uses plain pickle). Non-tensor values (BYTE_IO items) are
 deserialised by DCP's own planner (DefaultLoadPlanner.load_bytes uses torch.load with
 weights_only=False): that step is DCP's, not this storage layer's.
+
+Exit: torch's DTensor keeps every DeviceMesh it has seen in module-level caches (sharding
+propagation, redistribute planners) and a DeviceMesh holds its process groups in `_pg_registry`, so
+after `dist.destroy_process_group()` the gloo group of a DTensor job stays alive, with its worker
+threads, until interpreter finalisation tears it down: the state in which a rank aborted at exit
+("terminate called without an active exception", rc -6). `release_process_groups()` drops those references so
+the group is freed while the interpreter is alive; it runs at exit by itself (atexit, registered on
+import) and `destroy_process_group()` does both steps at once. See docs/checkpoint.md.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import gc
 import io
 import uuid
 from dataclasses import dataclass
@@ -299,3 +309,50 @@ class ThreeFSStorageReader(_ClientHolder, StorageReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
         return str(checkpoint_id).startswith(SCHEME)
+
+
+def release_process_groups() -> int:
+    """Release the process groups that DeviceMeshes still hold after `destroy_process_group()`, so
+    they are freed (their gloo threads joined, rank 0's TCPStore server stopped) now, in this thread
+    with the interpreter alive, and not during interpreter finalisation. Returns how many group
+    references were dropped. Does nothing while the default group is initialised (the groups are in
+    use) or when torch.distributed was never imported."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    mesh_mod = sys.modules.get("torch.distributed.device_mesh")
+    if dist is None or mesh_mod is None or not dist.is_available() or dist.is_initialized():
+        return 0
+    mesh_type = getattr(mesh_mod, "DeviceMesh", None)
+    if not isinstance(mesh_type, type):
+        return 0
+    dropped = 0
+    for obj in gc.get_objects():  # meshes pinned by DTensor's caches are reachable only from there
+        # the MRO, not isinstance: DeviceMesh's metaclass probes the object (torch's deprecated
+        # aliases then warn, at exit)
+        if mesh_type in type(obj).__mro__:
+            registry = obj.__dict__.get("_pg_registry")
+            if isinstance(registry, dict) and registry:
+                dropped += len(registry)
+                registry.clear()
+    if dropped:
+        gc.collect()
+    return dropped
+
+
+def destroy_process_group() -> None:
+    """`torch.distributed.destroy_process_group()` followed by `release_process_groups()`: call it
+    at the end of a DCP job that used DTensor / DeviceMesh instead of torch's alone."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    release_process_groups()
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    try:
+        release_process_groups()
+    except Exception:  # exiting anyway: never turn an exit into an error
+        pass
