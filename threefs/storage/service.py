@@ -68,8 +68,7 @@ class StorageService:
         self.engines: dict[int, ChunkEngine] = {}
         self.io_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="disk")
         self._locks: dict[tuple[int, bytes], asyncio.Lock] = {}
-        self._dedup = craq.ExactlyOnce(DEDUP_ENTRIES_MAX)
-        self.flows: dict[int, craq.FlowTracker] = {}  # per target: update flows by chain version
+        self.replica = craq.ReplicaState(DEDUP_ENTRIES_MAX)  # exactly-once cache, update flows per target
         self.hb_version = 0
         self.fence = HeartbeatFence(config.node_id, config.heartbeat_timeout_s, config.heartbeat_interval_s)
         self.resync = None  # set by the runner (storage.resync.Resyncer)
@@ -94,10 +93,8 @@ class StorageService:
     def local_state(self, routing: Routing | None, target_id: int) -> str:
         """UPTODATE while mgmtd still counts this target as holding every acknowledged write; ONLINE
         otherwise (it must resync; mgmtd itself records when a resync finishes: sync_done)."""
-        if routing is None or target_id not in routing.info.targets:
-            return ms.ONLINE
-        public = routing.info.targets[target_id].public_state
-        return ms.UPTODATE if public in (ms.SERVING, ms.LASTSRV) else ms.ONLINE
+        known = routing is not None and target_id in routing.info.targets
+        return craq.local_state(routing.info.targets[target_id].public_state if known else None)
 
     async def register(self) -> None:
         req = ms.RegisterReq(self.config.node_id, ms.STORAGE, self.config.addr, socket.gethostname(),
@@ -140,11 +137,7 @@ class StorageService:
 
     # -- helpers ---------------------------------------------------------------------------------
     def _my_target(self, chain: ms.ChainInfo) -> int:
-        for t in chain.targets:
-            if t.target_id in self.engines:
-                return t.target_id
-        raise status_error(StatusCode.TARGET_NOT_FOUND,
-                           f"node {self.config.node_id} has no target in chain {chain.chain_id}")
+        return craq.local_target(chain, self.engines, f"node {self.config.node_id}")
 
     async def _chain_checked(self, chain_id: int, chain_ver: int) -> ms.ChainInfo:
         chain = await self._chain(chain_id)
@@ -181,38 +174,47 @@ class StorageService:
             raise status_error(StatusCode.CHECKSUM_MISMATCH,
                                f"payload checksum mismatch for chunk {req.chunk_id.hex()} "
                                f"(corrupted in transit); retry")
-        cached = self._dedup.get(req)
-        if cached is not None:
-            return cached
-        chain = await self._chain_checked(req.chain_id, req.chain_ver)
-        me = self._my_target(chain)
-        craq.admit(me, chain, req)
-        lock = self._lock(me, req.chunk_id)
+        return await self.run_flow(craq.serve_update_flow(self.engines, req, payload, self.replica))
+
+    async def run_flow(self, flow):
+        """Drive a CRAQ flow (storage/craq.py) with this service's effects; the chunk lock it takes is
+        released when it ends, however it ends."""
+        held: list[asyncio.Lock] = []
+        keys: list[tuple[int, bytes]] = []
+        store = None
+
+        async def perform(e):
+            nonlocal store
+            if isinstance(e, craq.ChainView):
+                chain = await self._chain(e.chain_id)
+                if e.at_least > chain.version:  # the caller saw a newer routing than ours
+                    chain = (await self.mgmtd.refresh()).chain(e.chain_id)
+                return chain
+            if isinstance(e, craq.LockChunk):
+                keys.append((e.target_id, e.chunk_id))
+                lock = self._lock(e.target_id, e.chunk_id)
+                await lock.acquire()
+                held.append(lock)
+                store = self._effects(e.target_id)
+                return None
+            if store is None:
+                raise AssertionError(f"{e!r} before the flow took a chunk lock")
+            return await store(e)
+
         try:
-            async with lock:
-                chain = await self._chain(req.chain_id)  # 3FS: re-check once the chunk lock is held
-                craq.check_chain_version(chain, req.chain_ver)
-                craq.admit(me, chain, req)
-                flows = self.flows.setdefault(me, craq.FlowTracker())
-                flows.enter(chain.version)
-                try:
-                    rsp = await self._update_locked(req, payload, chain, me)
-                finally:
-                    flows.exit(chain.version)
+            return await craq.drive(flow, perform)
         finally:
-            self._release_lock_entry(me, req.chunk_id)
-        self._dedup.put(req, rsp)
-        return rsp
+            for lock in held:
+                lock.release()
+            for target_id, chunk_id in keys:
+                self._release_lock_entry(target_id, chunk_id)
 
     async def quiet_below(self, me: int, chain_ver: int) -> None:
         """Wait until no update flow admitted under an older version of the chain runs at `me`."""
-        flows = self.flows.setdefault(me, craq.FlowTracker())
+        flows = self.replica.tracker(me)
         done = asyncio.get_running_loop().create_future()
         flows.when_quiet_below(chain_ver, lambda: done.done() or done.set_result(None))
         await done
-
-    async def _update_locked(self, req, payload, chain, me) -> ss.UpdateRsp:
-        return await craq.drive(craq.update_flow(me, chain, req, payload), self._effects(me))
 
     def _effects(self, me: int):
         """The real effects of the CRAQ flows at target `me` (see storage/craq.py)."""

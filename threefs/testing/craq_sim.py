@@ -48,10 +48,13 @@ class Node:
     epoch: int = 0  # bumped on crash: processes of an older epoch die
     view: ms.ChainInfo | None = None  # this node's (possibly stale) routing
     locks: dict = field(default_factory=dict)  # chunk id -> list of waiting resume callbacks (FIFO)
-    dedup: craq.ExactlyOnce = field(default_factory=craq.ExactlyOnce)
-    flows: craq.FlowTracker = field(default_factory=craq.FlowTracker)
+    replica: craq.ReplicaState = field(default_factory=craq.ReplicaState)  # lost on a crash
     synced: bool = False
     syncing_to: int = 0
+
+    @property
+    def flows(self) -> craq.FlowTracker:
+        return self.replica.tracker(self.target_id)
 
 
 class Simulation:
@@ -96,27 +99,37 @@ class Simulation:
 
     # -- processes: run a generator flow with simulated effects --------------------------------------
     def spawn(self, node: Node, flow, done) -> None:
-        """Run `flow` on `node`; done(result, error) is called unless the node crashes first."""
+        """Run `flow` on `node`; done(result, error) is called unless the node crashes first. The chunk
+        locks the flow takes are released when it ends, before done() (a crash frees them anyway)."""
         epoch = node.epoch
-        self._step(node, epoch, flow, done, None, None)
+        self._step(node, epoch, flow, done, [], None, None)
 
-    def _step(self, node: Node, epoch: int, flow, done, value, error) -> None:
+    def _step(self, node: Node, epoch: int, flow, done, held: list, value, error) -> None:
         if node.epoch != epoch or not node.up:
             flow.close()
             return
         try:
             effect = flow.throw(error) if error is not None else flow.send(value)
         except StopIteration as stop:
-            done(stop.value, None)
-            return
+            result = (stop.value, None)
         except ThreeFSError as e:
-            done(None, e)
+            result = (None, e)
+        else:
+            resume = lambda v=None, e=None: self._step(node, epoch, flow, done, held, v, e)  # noqa: E731
+            self._perform(node, effect, resume, held)
             return
-        resume = lambda v=None, e=None: self._step(node, epoch, flow, done, v, e)  # noqa: E731
-        self._perform(node, effect, resume)
+        for release in held:
+            release()
+        done(*result)
 
-    def _perform(self, node: Node, e, resume) -> None:
+    def _perform(self, node: Node, e, resume, held: list) -> None:
         store = node.store
+        if isinstance(e, craq.ChainView):
+            if e.at_least > node.view.version:
+                node.view = self.chain  # the caller saw newer routing: refresh
+            return resume(node.view)
+        if isinstance(e, craq.LockChunk):
+            return self.with_lock(node, e.chunk_id, lambda release: (held.append(release), resume()))
         try:
             if isinstance(e, craq.GetMeta):
                 return resume(store.get_meta(e.chunk_id))
@@ -184,40 +197,8 @@ class Simulation:
         self.handle_update(node, req, payload, respond)
 
     def handle_update(self, node: Node, req: ss.UpdateReq, payload, respond) -> None:
-        """The storage service's update(): dedup, chain version, admission, chunk lock, flow."""
-        cached = node.dedup.get(req)
-        if cached is not None:
-            return respond(cached, None)
-        if req.chain_ver > node.view.version:
-            node.view = self.chain  # the caller saw newer routing: refresh
-        try:
-            craq.check_chain_version(node.view, req.chain_ver)
-            craq.admit(node.target_id, node.view, req)
-        except ThreeFSError as e:
-            return respond(None, e)
-
-        def run_locked(release):
-            chain = node.view
-            try:  # 3FS: re-check the version once the chunk lock is held
-                craq.check_chain_version(chain, req.chain_ver)
-                craq.admit(node.target_id, chain, req)
-            except ThreeFSError as e:
-                release()
-                return respond(None, e)
-            node.flows.enter(chain.version)
-            epoch = node.epoch
-
-            def done(rsp, err):
-                release()
-                if node.epoch == epoch:
-                    node.flows.exit(chain.version)
-                if err is None:
-                    node.dedup.put(req, rsp)
-                respond(rsp, err)
-
-            self.spawn(node, craq.update_flow(node.target_id, chain, req, payload), done)
-
-        self.with_lock(node, req.chunk_id, run_locked)
+        """The storage service's update(): craq.serve_update_flow, as StorageService.update runs it."""
+        self.spawn(node, craq.serve_update_flow((node.target_id,), req, payload, node.replica), respond)
 
     def with_lock(self, node: Node, cid: bytes, body) -> None:
         """FIFO per-chunk lock on a node; a crash frees every lock (new epoch)."""
@@ -248,7 +229,9 @@ class Simulation:
         if not node.up:
             return ms.LOCAL_OFFLINE
         public = next(t.public_state for t in self.chain.targets if t.target_id == node.target_id)
-        return ms.UPTODATE if public in (ms.SERVING, ms.LASTSRV) or node.synced else ms.ONLINE
+        state = craq.local_state(public)
+        # mgmtd's side (MgmtdService._record_targets): a target whose sync_done was accepted is UPTODATE
+        return ms.UPTODATE if node.synced and state == ms.ONLINE else state
 
     def mgmtd_pass(self) -> None:
         local = {}
@@ -288,7 +271,7 @@ class Simulation:
         node.epoch += 1
         node.store.crash()
         node.locks = {}
-        node.flows = craq.FlowTracker()
+        node.replica = craq.ReplicaState()
         node.syncing_to = 0
         node.synced = False
         self.down_since[node.target_id] = self.now
@@ -299,7 +282,6 @@ class Simulation:
             return  # already restarted (by heal)
         node.up = True
         node.epoch += 1
-        node.dedup = craq.ExactlyOnce()
         node.view = self.chain  # a restarted service fetches routing before serving
         self.down_since.pop(node.target_id, None)
 
@@ -313,12 +295,10 @@ class Simulation:
     def maybe_resync(self, node: Node) -> None:
         if not node.up:
             return  # a dead process starts nothing (a retry timer may fire after a crash)
-        order = write_targets(node.view)
-        for me, successor in zip(order, order[1:]):
-            state = next(t.public_state for t in node.view.targets if t.target_id == successor)
-            if me == node.target_id and state == ms.SYNCING and node.syncing_to != successor:
-                node.syncing_to = successor
-                self._resync(node, successor, node.epoch)
+        job = craq.resync_job(node.view, (node.target_id,))  # as Resyncer.run chooses
+        if job is not None and node.syncing_to != job[1]:
+            node.syncing_to = job[1]
+            self._resync(node, job[1], node.epoch)
 
     def _resync(self, node: Node, successor: int, epoch: int) -> None:
         """Resyncer.sync: dump (the successor's metas, read directly: a dump RPC), compare, send."""
@@ -351,18 +331,15 @@ class Simulation:
                 return
             cid = todo[i]
 
-            def body(release):
-                def done(_rsp, err):
-                    release()
-                    if err is not None:
-                        node.syncing_to = 0  # retried on the next routing push / pass
-                        self.at(0.1, self.maybe_resync, node)
-                        return
-                    next_chunk(i + 1)
-                self.spawn(node, craq.resync_chunk_flow(node.target_id, successor, node.view, cid,
-                                                        remote.get(cid)), done)
+            def done(_rsp, err):
+                if err is not None:
+                    node.syncing_to = 0  # retried on the next routing push / pass
+                    self.at(0.1, self.maybe_resync, node)
+                    return
+                next_chunk(i + 1)
 
-            self.with_lock(node, cid, body)
+            self.spawn(node, craq.resync_locked_flow(node.target_id, successor, 1, cid, remote.get(cid)),
+                       done)
 
         next_chunk(0)
 
