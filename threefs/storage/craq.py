@@ -119,6 +119,34 @@ class LockChunk:  # -> None once the flow holds target_id's lock of the chunk; t
 
 
 Flow = Generator[Any, Any, Any]
+STORE_EFFECTS = (GetMeta, ReadNewest, Write, Truncate, Remove, Commit)
+
+
+def apply_to_store(store, e):
+    """Perform a store effect on a chunk store with the ChunkEngine API: the real engine
+    (storage/chunk_engine.py) or the simulator's SimStore, which answer alike
+    (tests/storage/test_chunk_store_conformance.py)."""
+    if isinstance(e, GetMeta):
+        return store.get_meta(e.chunk_id)
+    if isinstance(e, Write):
+        return store.write(e.chunk_id, update_ver=e.update_ver, chain_ver=e.chain_ver, offset=e.offset,
+                           data=e.data, chunk_size=e.chunk_size, full_replace=e.full_replace,
+                           last_request=e.tag)
+    if isinstance(e, Truncate):
+        return store.truncate(e.chunk_id, update_ver=e.update_ver, chain_ver=e.chain_ver, length=e.length,
+                              chunk_size=e.chunk_size, last_request=e.tag)
+    if isinstance(e, Remove):
+        return store.remove(e.chunk_id, update_ver=e.update_ver, chain_ver=e.chain_ver, last_request=e.tag)
+    if isinstance(e, Commit):
+        return store.commit(e.chunk_id, e.update_ver, chain_ver=e.chain_ver)
+    if isinstance(e, ReadNewest):
+        try:
+            return store.read(e.chunk_id, 0, e.chunk_size, pending=True)[0]
+        except ThreeFSError as err:
+            if err.code != StatusCode.CHUNK_NOT_FOUND:
+                raise
+            return b""  # no chunk, or a pending removal: the newest version is an empty chunk
+    raise AssertionError(f"not a store effect: {e!r}")
 
 
 async def drive(flow: Flow, perform: Callable[[Any], Awaitable[Any]]):

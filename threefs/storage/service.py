@@ -223,13 +223,8 @@ class StorageService:
         async def perform(e):
             if isinstance(e, craq.GetMeta):
                 return engine.get_meta(e.chunk_id)
-            if isinstance(e, craq.Write):
-                return await self._disk(engine.write, e.chunk_id, update_ver=e.update_ver,
-                                        chain_ver=e.chain_ver, offset=e.offset, data=e.data,
-                                        chunk_size=e.chunk_size, full_replace=e.full_replace,
-                                        last_request=e.tag)
-            if isinstance(e, craq.Commit):
-                return await self._disk(engine.commit, e.chunk_id, e.update_ver, chain_ver=e.chain_ver)
+            if isinstance(e, craq.STORE_EFFECTS):
+                return await self._disk(craq.apply_to_store, engine, e)
             if isinstance(e, craq.Forward):
                 routing = await self.mgmtd.get()
                 # a successor silent for a heartbeat timeout is being failed by mgmtd: give up on this
@@ -238,16 +233,6 @@ class StorageService:
                                              ss.UpdateRsp, payload=e.payload,
                                              timeout=self.config.heartbeat_timeout_s)
                 return rsp
-            if isinstance(e, craq.ReadNewest):
-                data, _ = await self._disk(engine.read, e.chunk_id, 0, e.chunk_size, pending=True)
-                return data
-            if isinstance(e, craq.Truncate):
-                return await self._disk(engine.truncate, e.chunk_id, update_ver=e.update_ver,
-                                        chain_ver=e.chain_ver, length=e.length, chunk_size=e.chunk_size,
-                                        last_request=e.tag)
-            if isinstance(e, craq.Remove):
-                return await self._disk(engine.remove, e.chunk_id, update_ver=e.update_ver,
-                                        chain_ver=e.chain_ver, last_request=e.tag)
             if isinstance(e, craq.RefreshChain):
                 return (await self.mgmtd.refresh()).chain(e.chain_id)
             if isinstance(e, craq.Sleep):

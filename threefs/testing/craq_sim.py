@@ -130,24 +130,14 @@ class Simulation:
             return resume(node.view)
         if isinstance(e, craq.LockChunk):
             return self.with_lock(node, e.chunk_id, lambda release: (held.append(release), resume()))
-        try:
-            if isinstance(e, craq.GetMeta):
-                return resume(store.get_meta(e.chunk_id))
-            if isinstance(e, craq.Write):
-                return resume(store.write(e.chunk_id, e.update_ver, e.chain_ver, e.offset, e.data,
-                                          e.chunk_size, e.full_replace))
-            if isinstance(e, craq.Truncate):
-                return resume(store.truncate(e.chunk_id, e.update_ver, e.chain_ver, e.length))
-            if isinstance(e, craq.Remove):
-                return resume(store.remove(e.chunk_id, e.update_ver, e.chain_ver))
+        if isinstance(e, craq.STORE_EFFECTS):
+            try:
+                result = craq.apply_to_store(store, e)
+            except ThreeFSError as err:
+                return resume(None, err)
             if isinstance(e, craq.Commit):
-                meta = store.commit(e.chunk_id, e.update_ver, e.chain_ver)
                 self._record_commit(e.chunk_id, store)
-                return resume(meta)
-            if isinstance(e, craq.ReadNewest):
-                return resume(store.newest(e.chunk_id))
-        except ThreeFSError as err:
-            return resume(None, err)
+            return resume(result)
         if isinstance(e, craq.Forward):
             return self.send(node, e.target_id, e.req, e.payload, resume)
         if isinstance(e, craq.RefreshChain):
