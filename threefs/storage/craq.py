@@ -235,11 +235,17 @@ def forward_flow(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload, updat
     """Send the update to our successor until it commits, following routing changes."""
     deadline = (yield Now()) + FORWARD_RETRY_S
     delay = FORWARD_BACKOFF_S[0]
+    started_as = _state_of(chain, me)
     while True:
         order = write_targets(chain)
-        if me not in order:
+        if me not in order or (_state_of(chain, me) == ms.SYNCING and started_as != ms.SYNCING):
             # The chain dropped us (mgmtd failed us, or an admin took us offline) while we forwarded:
-            # committing now would acknowledge a write the chain's real head never sees.
+            # committing now would acknowledge a write the chain's real head never sees. Coming back
+            # as SYNCING (the last of the write order: "the tail") means we were dropped meanwhile, and
+            # the chain may have committed another update under our pending version's number (the
+            # simulator, seed 760 with an admin offline/online). A target that stayed in the chain
+            # keeps its state: it cannot go OFFLINE -> SYNCING -> SERVING while this flow holds the
+            # chunk lock, since its resync must take that lock to send this chunk.
             raise status_error(StatusCode.CHAIN_VERSION_MISMATCH,
                                f"target {me} left chain {chain.chain_id} (now version {chain.version}) while "
                                f"forwarding chunk {req.chunk_id.hex()}; retry on the current chain")
@@ -263,6 +269,10 @@ def forward_flow(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload, updat
         yield Sleep(delay)
         delay = min(delay * 2, FORWARD_BACKOFF_S[1])
         chain = yield RefreshChain(req.chain_id)
+
+
+def _state_of(chain: ms.ChainInfo, target_id: int) -> str | None:
+    return next((t.public_state for t in chain.targets if t.target_id == target_id), None)
 
 
 def successor_request(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload, update_ver: int,
@@ -348,6 +358,23 @@ def admit(me: int, chain: ms.ChainInfo, req: ss.UpdateReq) -> None:
     if req.from_target == 0 and order[0] != me:
         raise status_error(StatusCode.NOT_HEAD, f"target {me} is not the head of chain "
                            f"{chain.chain_id}; head is {order[0]}")
+    if req.from_target:
+        # Only our predecessor in this chain version may forward to us, and only to a SYNCING target
+        # does a resync write. A target that left the chain may still run an old resync (an admin took
+        # it offline while it synced us): its full-chunk replaces would take back versions committed
+        # since (the simulator, seed 464: a SERVING target went back from v5 to v3 -> stale read).
+        index = order.index(me)
+        predecessor = order[index - 1] if index else 0
+        if req.from_target != predecessor:
+            raise status_error(StatusCode.CHAIN_VERSION_MISMATCH,
+                               f"target {me}: an update of chunk {req.chunk_id.hex()} from target "
+                               f"{req.from_target}, which is not our predecessor in chain {chain.chain_id} "
+                               f"v{chain.version} ({predecessor or 'none: we are its head'})")
+        if req.sync and _state_of(chain, me) != ms.SYNCING:
+            raise status_error(StatusCode.CHAIN_VERSION_MISMATCH,
+                               f"target {me} is {_state_of(chain, me)} in chain {chain.chain_id} "
+                               f"v{chain.version}, not SYNCING: resync of chunk {req.chunk_id.hex()} "
+                               f"from target {req.from_target} refused")
 
 
 def check_chain_version(chain: ms.ChainInfo, chain_ver: int) -> None:

@@ -19,14 +19,17 @@ Checked properties (`Simulation.check()`):
 
 from __future__ import annotations
 
+import collections
 import heapq
+import os
 import random
 from dataclasses import dataclass, field
 
 import crc32c
 
 from threefs.common.status import StatusCode, ThreeFSError, status_error
-from threefs.mgmtd.chain_state import next_chain, serving_targets, sync_done_refusal, write_targets
+from threefs.mgmtd.chain_state import (next_chain, offline_refusal, serving_targets, sync_done_refusal,
+                                       write_targets)
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas import storage as ss
 from threefs.storage import craq
@@ -59,7 +62,8 @@ class Node:
 
 class Simulation:
     def __init__(self, seed: int, replicas: int = 3, clients: int = 3, ops_per_client: int = 25,
-                 chunks: int = 2, drop_p: float = 0.03, crash_every: float = 1.5):
+                 chunks: int = 2, drop_p: float = 0.03, crash_every: float = 1.5, admin_p: float = 0.3,
+                 report_from_view: bool = True):
         self.rng = random.Random(seed)
         self.seed = seed
         self.now = 0.0
@@ -71,6 +75,14 @@ class Simulation:
         self.down_since: dict[int, float] = {}
         self.chunks = [bytes([0] * 15 + [i]) for i in range(chunks)]
         self.drop_p, self.crash_every = drop_p, crash_every
+        # per fault-loop tick: the chance that an admin takes a target offline (it stays alive)
+        self.admin_p = admin_p
+        self.admin_offline: set[int] = set()  # mgmtd's TargetInfo.admin_offline
+        # what a node reports comes from its own (maybe stale) routing, as the service does; False: from
+        # mgmtd's chain (the model the seeds before the admin faults were found with: LEGACY)
+        self.report_from_view = report_from_view
+        self.faults: collections.Counter = collections.Counter()  # kind -> times injected
+        self.ops: collections.Counter = collections.Counter()  # client operations started, by kind
         self.clients, self.ops_per_client = clients, ops_per_client
         self.history: dict[tuple[bytes, int], bytes] = {}  # (chunk, version) -> committed content
         self.acked: list[tuple[bytes, int, float, bytes]] = []  # (chunk, version, ack time, content)
@@ -170,6 +182,7 @@ class Simulation:
 
         self.at(CALL_TIMEOUT, answer, None, status_error(StatusCode.TIMEOUT, "simulated timeout"))
         if self.rng.random() < self.drop_p:
+            self.faults["request dropped"] += 1
             return  # request lost
         payload = None if payload is None else bytes(payload)
         self.at(self.rng.uniform(0.0005, 0.02), self._deliver, target_id, req, payload, answer)
@@ -181,6 +194,7 @@ class Simulation:
 
         def respond(rsp, err):
             if self.rng.random() < self.drop_p:
+                self.faults["response dropped"] += 1
                 return  # response lost: the caller times out
             self.at(self.rng.uniform(0.0005, 0.02), answer, rsp, err)
 
@@ -218,12 +232,19 @@ class Simulation:
         """What the storage service reports (StorageService.local_state): see docs/architecture.md."""
         if not node.up:
             return ms.LOCAL_OFFLINE
-        public = next(t.public_state for t in self.chain.targets if t.target_id == node.target_id)
+        chain = node.view if self.report_from_view else self.chain
+        public = next(t.public_state for t in chain.targets if t.target_id == node.target_id)
         state = craq.local_state(public)
         # mgmtd's side (MgmtdService._record_targets): a target whose sync_done was accepted is UPTODATE
         return ms.UPTODATE if node.synced and state == ms.ONLINE else state
 
     def mgmtd_pass(self) -> None:
+        self.update_chain()
+        self.at(self.PASS_S, self.mgmtd_pass)
+
+    def update_chain(self) -> None:
+        """MgmtdService.update_chains: heartbeats' local states (admin-offlined targets count as
+        OFFLINE, `_local_view`) through the production state machine; the new chain is pushed."""
         local = {}
         for t, node in self.nodes.items():
             if node.up:
@@ -231,6 +252,8 @@ class Simulation:
             elif self.now - self.down_since.get(t, self.now) >= self.DETECT_S:
                 self.reported[t] = ms.LOCAL_OFFLINE  # heartbeat timeout
             local[t] = self.reported.get(t, ms.UPTODATE)  # until then: the last heartbeat's state
+            if t in self.admin_offline:
+                local[t] = ms.LOCAL_OFFLINE
         new = next_chain(self.chain, local)
         if new is not self.chain:
             self.chain = new
@@ -240,7 +263,6 @@ class Simulation:
                     node.synced = False  # the sync it finished belonged to that SYNCING period
                 if node.up:  # routing reaches each node after its own delay
                     self.at(self.rng.uniform(0.005, 0.1), self._push_view, node, node.epoch)
-        self.at(self.PASS_S, self.mgmtd_pass)
 
     def _push_view(self, node: Node, epoch: int) -> None:
         if node.epoch == epoch and node.up:
@@ -254,9 +276,32 @@ class Simulation:
         up = [n for n in self.nodes.values() if n.up]
         if len(up) > 1 and self.rng.random() < 0.7:
             self.crash(self.rng.choice(up))
+        if self.admin_p and self.rng.random() < self.admin_p:
+            self.admin_take_offline()
         self.at(self.rng.expovariate(1 / self.crash_every), self.fault_loop)
 
+    def admin_take_offline(self) -> None:
+        """`threefs admin offline-target` (MgmtdAdmin.offline_target, no --force) on a random target,
+        usually a live one: mgmtd counts it OFFLINE at once while its process runs on with its old
+        routing (it may be forwarding a write or serving a read); put back online a little later."""
+        candidates = [t for t in self.nodes if t not in self.admin_offline
+                      and offline_refusal(self.chain, t) is None]
+        if not candidates:
+            return
+        target = self.rng.choice(candidates)
+        self.admin_offline.add(target)
+        self.faults["admin offline"] += 1
+        self.update_chain()
+        self.at(self.rng.uniform(0.1, 1.5), self.admin_put_online, target)
+
+    def admin_put_online(self, target: int) -> None:
+        if target in self.admin_offline:
+            self.admin_offline.discard(target)
+            self.faults["admin online"] += 1
+            self.update_chain()
+
     def crash(self, node: Node) -> None:
+        self.faults["crash"] += 1
         node.up = False
         node.epoch += 1
         node.store.crash()
@@ -349,6 +394,7 @@ class Simulation:
         offset = self.rng.randrange(0, CHUNK_SIZE)
         data = self.rng.randbytes(self.rng.randrange(1, CHUNK_SIZE - offset + 1))
         tag = ss.RequestTag(f"client-{client}", op + 1)  # the same tag on every retry (exactly-once)
+        self.ops["write"] += 1
         deadline = self.now + 20.0
 
         def attempt(view: ms.ChainInfo):
@@ -375,6 +421,7 @@ class Simulation:
 
     def client_read(self, cid: bytes, view: ms.ChainInfo, nxt) -> None:
         started = self.now
+        self.ops["read"] += 1
         targets = serving_targets(view)
         if not targets:
             return nxt(self.chain)
@@ -416,6 +463,8 @@ class Simulation:
         for node in self.nodes.values():
             if not node.up:
                 self.restart(node)
+        for target in sorted(self.admin_offline):  # the operator puts every target back
+            self.admin_put_online(target)
         all_serving = lambda: all(t.public_state == ms.SERVING for t in self.chain.targets)  # noqa
         if not self.run_until(all_serving, limit=self.now + 120):
             self.violations.append(f"chain did not heal: {self.chain}")
@@ -454,3 +503,98 @@ class Simulation:
                 out.append(f"stale read of chunk {cid[-1]} at t={started:.3f}: v{ver} < acknowledged "
                            f"v{newest_acked}")
         return out
+
+
+# -- soak mode: python -m threefs.testing.craq_sim --seeds 100000 [--start N] [--jobs 2] ----------------
+def run_seeds(start: int, stop: int, scenario: dict | None = None) -> dict:
+    """Run and check seeds [start, stop); totals and the failing seeds with their first problem."""
+    totals: dict = {"seeds": 0, "ops": collections.Counter(), "faults": collections.Counter(), "acked": 0,
+                    "checked_reads": 0, "virtual_s": 0.0, "failures": []}
+    for seed in range(start, stop):
+        sim = Simulation(seed, **(scenario or {}))
+        try:
+            sim.run().check()
+        except AssertionError as e:
+            totals["failures"].append((seed, str(e)[:500]))
+        totals["seeds"] += 1
+        totals["ops"].update(sim.ops)
+        totals["faults"].update(sim.faults)
+        totals["acked"] += len(sim.acked)
+        totals["checked_reads"] += len(sim.reads)
+        totals["virtual_s"] += sim.now
+    return totals
+
+
+def _run_batch(args):
+    return run_seeds(*args)
+
+
+def soak(seeds: int, start: int = 0, jobs: int = 1, batch: int = 250, scenario: dict | None = None,
+         progress=None) -> dict:
+    """Run seeds [start, start+seeds) in batches on `jobs` processes; the merged totals."""
+    import multiprocessing
+
+    batches = [(b, min(b + batch, start + seeds), scenario) for b in range(start, start + seeds, batch)]
+    merged = run_seeds(0, 0)
+    pool = multiprocessing.get_context("fork").Pool(jobs) if jobs > 1 else None
+    try:
+        results = pool.imap_unordered(_run_batch, batches) if pool else map(_run_batch, batches)
+        for done, part in enumerate(results, 1):
+            for key in ("seeds", "acked", "checked_reads", "virtual_s"):
+                merged[key] += part[key]
+            merged["ops"].update(part["ops"])
+            merged["faults"].update(part["faults"])
+            merged["failures"].extend(part["failures"])
+            if progress is not None:
+                progress(done, len(batches), merged)
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    merged["failures"].sort()
+    return merged
+
+
+def main(argv=None) -> int:
+    import argparse
+    import sys
+    import time
+
+    parser = argparse.ArgumentParser(prog="python -m threefs.testing.craq_sim",
+                                     description="Soak the CRAQ simulator: run and check many seeds.")
+    parser.add_argument("--seeds", type=int, default=10_000, help="how many seeds (default 10000)")
+    parser.add_argument("--start", type=int, default=0, help="first seed (default 0)")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--batch", type=int, default=250, help="seeds per work unit (default 250)")
+    parser.add_argument("--legacy", action="store_true",
+                        help="the model before admin faults (crashes only; seeds found then replay)")
+    args = parser.parse_args(argv)
+    if args.seeds < 1 or args.jobs < 1 or args.batch < 1 or args.start < 0:
+        parser.error("--seeds, --jobs and --batch must be >= 1, --start >= 0")
+    scenario = dict(admin_p=0.0, report_from_view=False) if args.legacy else None
+    began, cpu = time.monotonic(), time.process_time()
+    step = max(1, (args.seeds // args.batch) // 20)
+
+    def progress(done, total, merged):
+        if done % step == 0 or done == total:
+            print(f"  {merged['seeds']:>7} seeds  {len(merged['failures'])} failing  "
+                  f"{time.monotonic() - began:7.0f} s", file=sys.stderr, flush=True)
+
+    totals = soak(args.seeds, args.start, args.jobs, args.batch, scenario, progress)
+    wall = time.monotonic() - began
+    ops, faults = totals["ops"], totals["faults"]
+    print(f"seeds {args.start}..{args.start + args.seeds - 1}: {totals['seeds']} run on {args.jobs} "
+          f"process(es) in {wall:.0f} s ({totals['seeds'] / wall:.0f} seeds/s; load average "
+          f"{open('/proc/loadavg').read().split()[0] if os.path.exists('/proc/loadavg') else '?'})")
+    print(f"client operations: {sum(ops.values())} ({ops['write']} writes, {ops['read']} reads); "
+          f"virtual time {totals['virtual_s']:.0f} s")
+    print(f"acknowledged writes: {totals['acked']}; checked reads: {totals['checked_reads']}")
+    print("faults: " + ", ".join(f"{kind} {faults[kind]}" for kind in sorted(faults)))
+    print(f"failures: {len(totals['failures'])}")
+    for seed, problem in totals["failures"][:50]:
+        print(f"  {problem}  (replay: Simulation({seed}).run().check())")
+    return 1 if totals["failures"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
