@@ -16,11 +16,8 @@ from threefs.common.status import StatusCode, status_error
 from threefs.mgmtd.chain_state import write_targets
 from threefs.storage import craq
 from threefs.testing import craq_sim
-from threefs.testing.craq_sim import Simulation
-
-# The model the seeds before the admin faults were found with: crashes only, local states from mgmtd's
-# chain. Their trajectories replay exactly with it.
-LEGACY = dict(admin_p=0.0, report_from_view=False)
+from threefs.testing.craq_sim import LEGACY, Simulation
+from threefs.testing.sim import driver
 
 SEEDS = int(os.environ.get("THREEFS_SIM_SEEDS", "1000"))
 BATCHES = 10
@@ -108,7 +105,7 @@ def test_regression_seed(seed):
 def test_the_checker_catches_a_stale_sync_done(monkeypatch):
     """Sensitivity: with mgmtd accepting every sync_done (the protocol before the fix), seed 3568 reads
     a version older than one acknowledged before the read started."""
-    monkeypatch.setattr(craq_sim, "sync_done_refusal", lambda *args: None)
+    monkeypatch.setattr(driver, "sync_done_refusal", lambda *args: None)
     with pytest.raises(AssertionError, match="stale read"):
         Simulation(3568, **LEGACY).run().check()
 

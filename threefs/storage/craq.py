@@ -1,7 +1,7 @@
 """The CRAQ write path as sans-IO flows: generators that yield effects and receive their results.
 
 The storage service runs a flow with real effects (the chunk engine, RPC to the successor, the routing
-cache, asyncio.sleep); the seeded simulator (threefs/testing/craq_sim.py) runs the *same* flow with an
+cache, asyncio.sleep); the seeded simulator (threefs/testing/sim/) runs the *same* flow with an
 in-memory chunk store, a lossy reordering network, crashes and a clock it controls. A failed effect is
 thrown back into the flow as its ThreeFSError, exactly where it was yielded.
 
