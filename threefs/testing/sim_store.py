@@ -13,7 +13,7 @@ crash); the simulator's sensitivity test uses it to show the checker catches the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import crc32c
 
@@ -44,6 +44,10 @@ class _Committed:
     chain_ver: int
     data: bytes
     last_request: bytes
+    crc: int = -1  # of data, computed on creation
+
+    def __post_init__(self):
+        object.__setattr__(self, "crc", crc32c.crc32c(self.data))
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,13 @@ class _Pending:
     data: bytes | None  # None = removal
     chain_ver: int
     last_request: bytes
+    crc: int = -1  # of data (0 for a removal), computed on creation
+
+    def __post_init__(self):
+        object.__setattr__(self, "crc", 0 if self.data is None else crc32c.crc32c(self.data))
+
+
+_NOTHING = _Committed(0, 0, b"", b"")
 
 
 def _check_chunk_id(cid: bytes) -> None:
@@ -87,15 +98,13 @@ class SimStore:
         c, p = self.committed.get(cid), self.pending.get(cid)
         if c is None and p is None:
             return None
-        c = c or _Committed(0, 0, b"", b"")
-        crc = crc32c.crc32c(c.data)
-        meta = SimMeta(cid, c.chain_ver, c.ver, c.ver, len(c.data), crc, len(c.data), crc, False, c.last_request)
+        c = c or _NOTHING
         if p is None:
-            return meta
-        pdata = p.data or b""
-        plen, pcrc = (0, 0) if p.data is None else (len(pdata), crc32c.crc32c(pdata))
-        return replace(meta, update_ver=p.ver, pending_length=plen, pending_crc=pcrc,
-                       pending_remove=p.data is None, last_request=p.last_request)
+            return SimMeta(cid, c.chain_ver, c.ver, c.ver, len(c.data), c.crc, len(c.data), c.crc, False,
+                           c.last_request)
+        plen = 0 if p.data is None else len(p.data)
+        return SimMeta(cid, c.chain_ver, p.ver, c.ver, len(c.data), c.crc, plen, p.crc, p.data is None,
+                       p.last_request)
 
     def iter_metas(self, begin: bytes = b"", end: bytes | None = None, *, reverse: bool = False,
                    limit: int = 0) -> list[SimMeta]:

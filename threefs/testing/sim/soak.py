@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import os
+import time
 
 from threefs.testing.sim import LEGACY, Simulation
 
@@ -18,7 +19,8 @@ from threefs.testing.sim import LEGACY, Simulation
 def run_seeds(start: int, stop: int, scenario: dict | None = None) -> dict:
     """Run and check seeds [start, stop); totals and the failing seeds with their first problem."""
     totals: dict = {"seeds": 0, "ops": collections.Counter(), "faults": collections.Counter(), "acked": 0,
-                    "checked_reads": 0, "virtual_s": 0.0, "failures": []}
+                    "checked_reads": 0, "virtual_s": 0.0, "cpu_s": 0.0, "failures": []}
+    cpu = time.process_time()
     for seed in range(start, stop):
         sim = Simulation(seed, **(scenario or {}))
         try:
@@ -31,6 +33,7 @@ def run_seeds(start: int, stop: int, scenario: dict | None = None) -> dict:
         totals["acked"] += len(sim.acked)
         totals["checked_reads"] += len(sim.reads)
         totals["virtual_s"] += sim.now
+    totals["cpu_s"] = time.process_time() - cpu
     return totals
 
 
@@ -49,7 +52,7 @@ def soak(seeds: int, start: int = 0, jobs: int = 1, batch: int = 250, scenario: 
     try:
         results = pool.imap_unordered(_run_batch, batches) if pool else map(_run_batch, batches)
         for done, part in enumerate(results, 1):
-            for key in ("seeds", "acked", "checked_reads", "virtual_s"):
+            for key in ("seeds", "acked", "checked_reads", "virtual_s", "cpu_s"):
                 merged[key] += part[key]
             merged["ops"].update(part["ops"])
             merged["faults"].update(part["faults"])
@@ -67,7 +70,6 @@ def soak(seeds: int, start: int = 0, jobs: int = 1, batch: int = 250, scenario: 
 def main(argv=None) -> int:
     import argparse
     import sys
-    import time
 
     parser = argparse.ArgumentParser(prog="python -m threefs.testing.craq_sim",
                                      description="Soak the CRAQ simulator: run and check many seeds.")
@@ -81,27 +83,35 @@ def main(argv=None) -> int:
     if args.seeds < 1 or args.jobs < 1 or args.batch < 1 or args.start < 0:
         parser.error("--seeds, --jobs and --batch must be >= 1, --start >= 0")
     scenario = LEGACY if args.legacy else None
-    began, cpu = time.monotonic(), time.process_time()
+    began = time.monotonic()
     step = max(1, (args.seeds // args.batch) // 20)
 
     def progress(done, total, merged):
-        if done % step == 0 or done == total:
-            print(f"  {merged['seeds']:>7} seeds  {len(merged['failures'])} failing  "
-                  f"{time.monotonic() - began:7.0f} s", file=sys.stderr, flush=True)
+        if done % step == 0 or done == total:  # a full report so far: a soak cut short still counts
+            print(f"-- after {time.monotonic() - began:.0f} s:", file=sys.stderr)
+            report(merged, sys.stderr)
+
+    def report(totals, out):
+        wall = time.monotonic() - began
+        ops, faults = totals["ops"], totals["faults"]
+        load = open("/proc/loadavg").read().split()[0] if os.path.exists("/proc/loadavg") else "?"
+        lines = [
+            f"seeds: {totals['seeds']} of {args.start}..{args.start + args.seeds - 1} on {args.jobs} "
+            f"process(es) in {wall:.0f} s ({totals['seeds'] / max(wall, 1e-9):.1f} seeds/s; "
+            f"{totals['cpu_s']:.0f} CPU-s, {1000 * totals['cpu_s'] / max(totals['seeds'], 1):.1f} ms a seed; "
+            f"load average {load})",
+            f"client operations: {sum(ops.values())} ({ops['write']} writes, {ops['read']} reads); "
+            f"virtual time {totals['virtual_s']:.0f} s",
+            f"acknowledged writes: {totals['acked']}; checked reads: {totals['checked_reads']}",
+            "faults: " + ", ".join(f"{kind} {faults[kind]}" for kind in sorted(faults)),
+            f"failures: {len(totals['failures'])}",
+            *(f"  {problem}  (replay: Simulation({seed}).run().check())"
+              for seed, problem in sorted(totals["failures"])[:50]),
+        ]
+        print("\n".join(lines), file=out, flush=True)
 
     totals = soak(args.seeds, args.start, args.jobs, args.batch, scenario, progress)
-    wall = time.monotonic() - began
-    ops, faults = totals["ops"], totals["faults"]
-    print(f"seeds {args.start}..{args.start + args.seeds - 1}: {totals['seeds']} run on {args.jobs} "
-          f"process(es) in {wall:.0f} s ({totals['seeds'] / wall:.0f} seeds/s; load average "
-          f"{open('/proc/loadavg').read().split()[0] if os.path.exists('/proc/loadavg') else '?'})")
-    print(f"client operations: {sum(ops.values())} ({ops['write']} writes, {ops['read']} reads); "
-          f"virtual time {totals['virtual_s']:.0f} s")
-    print(f"acknowledged writes: {totals['acked']}; checked reads: {totals['checked_reads']}")
-    print("faults: " + ", ".join(f"{kind} {faults[kind]}" for kind in sorted(faults)))
-    print(f"failures: {len(totals['failures'])}")
-    for seed, problem in totals["failures"][:50]:
-        print(f"  {problem}  (replay: Simulation({seed}).run().check())")
+    report(totals, sys.stdout)
     return 1 if totals["failures"] else 0
 
 
