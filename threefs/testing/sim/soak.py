@@ -69,6 +69,7 @@ def soak(seeds: int, start: int = 0, jobs: int = 1, batch: int = 250, scenario: 
 
 def main(argv=None) -> int:
     import argparse
+    import signal
     import sys
 
     parser = argparse.ArgumentParser(prog="python -m threefs.testing.craq_sim",
@@ -110,6 +111,8 @@ def main(argv=None) -> int:
         ]
         print("\n".join(lines), file=out, flush=True)
 
+    # a SIGTERM ends the run like ^C: the workers are stopped with it (soak's finally), not orphaned
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     totals = soak(args.seeds, args.start, args.jobs, args.batch, scenario, progress)
     report(totals, sys.stdout)
     return 1 if totals["failures"] else 0
