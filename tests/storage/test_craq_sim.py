@@ -191,3 +191,10 @@ def test_a_live_target_taken_offline_serves_no_stale_read():
     assert write(b"two", 2) == 2
     read = cluster.serve_read(tail, cid)
     assert read is None or read[0] >= 2, f"target {tail.target_id} served v{read[0]} after v2 was acknowledged"
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="the known gap above, found by the random "
+                   "soak once in 100,000 seeds: target 12 taken offline at t=6.385, v15 acknowledged without "
+                   "it at 6.428, read from it (routing still v15) at 6.450 -> v14")
+def test_known_gap_seed_98733():
+    Simulation(98733).run().check()
