@@ -12,7 +12,7 @@ import logging
 import time
 
 from threefs.common.status import StatusCode, status_error
-from threefs.mgmtd.chain_state import TransitionError, rotate_lastsrv
+from threefs.mgmtd.chain_state import TransitionError, offline_refusal, rotate_lastsrv
 from threefs.mgmtd.service import MgmtdService
 from threefs.mgmtd.users import USERS_MAX, check_user_name, new_token
 from threefs.rpc.auth import hash_token, require_cluster, token_entries
@@ -165,11 +165,9 @@ def _refuse_last_server(routing: s.RoutingInfo, info: s.TargetInfo) -> None:
     chain = routing.chains.get(info.chain_id)
     if chain is None:
         return
-    serving = [t.target_id for t in chain.targets if t.public_state == s.SERVING]
-    if serving == [info.target_id]:
-        raise status_error(StatusCode.INVALID_ARGUMENT,
-                           f"target {info.target_id} is the only SERVING target of chain {chain.chain_id}: "
-                           "taking it offline stops all IO to that chain (add --force to do it anyway)")
+    refusal = offline_refusal(chain, info.target_id)
+    if refusal is not None:
+        raise status_error(StatusCode.INVALID_ARGUMENT, refusal)
 
 
 def place_chains(routing: s.RoutingInfo, replicas: int, wanted: int) -> list[list[int]]:

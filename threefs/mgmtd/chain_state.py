@@ -181,3 +181,12 @@ def sync_done_refusal(chain: ChainInfo, target_id: int, sync_chain_ver: int) -> 
         return (f"chain {chain.chain_id} changed from v{sync_chain_ver} to v{chain.version} during the "
                 f"resync of target {target_id}; the resync starts over")
     return None
+
+
+def offline_refusal(chain: ChainInfo, target_id: int) -> str | None:
+    """Why an admin may not take `target_id` offline without --force (None: it may): it is the only
+    SERVING target of its chain, and all IO to the chain would stop."""
+    if [t.target_id for t in chain.targets if t.public_state == SERVING] == [target_id]:
+        return (f"target {target_id} is the only SERVING target of chain {chain.chain_id}: taking it "
+                "offline stops all IO to that chain (add --force to do it anyway)")
+    return None

@@ -698,8 +698,7 @@ class ChunkEngine:
                 return self._commit_mismatch(chunk_id, update_ver, stored, pending)
             if pending.remove:
                 new = None
-                if stored is not None:
-                    self._log.delete(chunk_id)
+                self._log.delete(chunk_id)  # also when nothing was committed: replay drops the pending record
             else:
                 new = StoredChunk(
                     chunk_id, pending.chain_ver if chain_ver is None else chain_ver, update_ver, pending.length,

@@ -1,21 +1,27 @@
 """The CRAQ write path as sans-IO flows: generators that yield effects and receive their results.
 
 The storage service runs a flow with real effects (the chunk engine, RPC to the successor, the routing
-cache, asyncio.sleep); the seeded simulator (threefs/testing/craq_sim.py) runs the *same* flow with an
+cache, asyncio.sleep); the seeded simulator (threefs/testing/sim/) runs the *same* flow with an
 in-memory chunk store, a lossy reordering network, crashes and a clock it controls. A failed effect is
 thrown back into the flow as its ThreeFSError, exactly where it was yielded.
 
     flow = update_flow(me, chain, req, payload)        # a generator
     rsp = await drive(flow, perform)                   # perform(effect) -> result, may raise
 
-The caller holds the per-chunk lock for the whole flow (3FS: writes to a chunk serialize at the head;
-each replica applies a chunk's updates one at a time).
+The decisions around the flows are here too, so the two drivers share them instead of each rewriting
+the glue: `serve_update_flow` is the whole of an update request at a service (exactly-once lookup,
+chain-version check, admission, the chunk lock via the `LockChunk` effect, the re-check under it, flow
+tracking, the exactly-once store), `resync_job` picks which successor a service resyncs,
+`resync_locked_flow` sends one chunk of a resync under its lock, and `local_state` is what a service
+reports to mgmtd. A flow holds the per-chunk lock from `LockChunk` until it ends (3FS: writes to a
+chunk serialize at the head; each replica applies a chunk's updates one at a time); the driver
+releases it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Generator
+from typing import Any, Awaitable, Callable, Container, Generator
 
 import crc32c
 
@@ -101,21 +107,65 @@ class Now:  # -> float, seconds on a monotonic clock
     pass
 
 
+@dataclass
+class ChainView:  # -> ChainInfo: this service's routing of the chain, refreshed first if older than at_least
+    chain_id: int
+    at_least: int = 0
+
+
+@dataclass
+class LockChunk:  # -> None once the flow holds target_id's lock of the chunk; the driver releases it when
+    target_id: int  # the flow ends (returns, raises or is closed); store effects only run under it
+    chunk_id: bytes
+
+
 Flow = Generator[Any, Any, Any]
+STORE_EFFECTS = (GetMeta, ReadNewest, Write, Truncate, Remove, Commit)
+
+
+def apply_to_store(store, e):
+    """Perform a store effect on a chunk store with the ChunkEngine API: the real engine
+    (storage/chunk_engine.py) or the simulator's SimStore, which answer alike
+    (tests/storage/test_chunk_store_conformance.py)."""
+    if isinstance(e, GetMeta):
+        return store.get_meta(e.chunk_id)
+    if isinstance(e, Write):
+        return store.write(e.chunk_id, update_ver=e.update_ver, chain_ver=e.chain_ver, offset=e.offset,
+                           data=e.data, chunk_size=e.chunk_size, full_replace=e.full_replace,
+                           last_request=e.tag)
+    if isinstance(e, Truncate):
+        return store.truncate(e.chunk_id, update_ver=e.update_ver, chain_ver=e.chain_ver, length=e.length,
+                              chunk_size=e.chunk_size, last_request=e.tag)
+    if isinstance(e, Remove):
+        return store.remove(e.chunk_id, update_ver=e.update_ver, chain_ver=e.chain_ver, last_request=e.tag)
+    if isinstance(e, Commit):
+        return store.commit(e.chunk_id, e.update_ver, chain_ver=e.chain_ver)
+    if isinstance(e, ReadNewest):
+        try:
+            return store.read(e.chunk_id, 0, e.chunk_size, pending=True)[0]
+        except ThreeFSError as err:
+            if err.code != StatusCode.CHUNK_NOT_FOUND:
+                raise
+            return b""  # no chunk, or a pending removal: the newest version is an empty chunk
+    raise AssertionError(f"not a store effect: {e!r}")
 
 
 async def drive(flow: Flow, perform: Callable[[Any], Awaitable[Any]]):
-    """Run a flow with real effects (asyncio). Errors of an effect are thrown into the flow."""
+    """Run a flow with real effects (asyncio). Errors of an effect are thrown into the flow; any other
+    exception (a cancellation) closes the flow at once, so its `finally` clauses run now, not at GC."""
     value, error = None, None
-    while True:
-        try:
-            effect = flow.throw(error) if error is not None else flow.send(value)
-        except StopIteration as stop:
-            return stop.value
-        try:
-            value, error = await perform(effect), None
-        except ThreeFSError as e:
-            value, error = None, e
+    try:
+        while True:
+            try:
+                effect = flow.throw(error) if error is not None else flow.send(value)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                value, error = await perform(effect), None
+            except ThreeFSError as e:
+                value, error = None, e
+    finally:
+        flow.close()
 
 
 # -- flows --------------------------------------------------------------------------------------
@@ -186,11 +236,17 @@ def forward_flow(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload, updat
     """Send the update to our successor until it commits, following routing changes."""
     deadline = (yield Now()) + FORWARD_RETRY_S
     delay = FORWARD_BACKOFF_S[0]
+    started_as = _state_of(chain, me)
     while True:
         order = write_targets(chain)
-        if me not in order:
+        if me not in order or (_state_of(chain, me) == ms.SYNCING and started_as != ms.SYNCING):
             # The chain dropped us (mgmtd failed us, or an admin took us offline) while we forwarded:
-            # committing now would acknowledge a write the chain's real head never sees.
+            # committing now would acknowledge a write the chain's real head never sees. Coming back
+            # as SYNCING (the last of the write order: "the tail") means we were dropped meanwhile, and
+            # the chain may have committed another update under our pending version's number (the
+            # simulator, seed 760 with an admin offline/online). A target that stayed in the chain
+            # keeps its state: it cannot go OFFLINE -> SYNCING -> SERVING while this flow holds the
+            # chunk lock, since its resync must take that lock to send this chunk.
             raise status_error(StatusCode.CHAIN_VERSION_MISMATCH,
                                f"target {me} left chain {chain.chain_id} (now version {chain.version}) while "
                                f"forwarding chunk {req.chunk_id.hex()}; retry on the current chain")
@@ -214,6 +270,10 @@ def forward_flow(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload, updat
         yield Sleep(delay)
         delay = min(delay * 2, FORWARD_BACKOFF_S[1])
         chain = yield RefreshChain(req.chain_id)
+
+
+def _state_of(chain: ms.ChainInfo, target_id: int) -> str | None:
+    return next((t.public_state for t in chain.targets if t.target_id == target_id), None)
 
 
 def successor_request(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload, update_ver: int,
@@ -253,6 +313,43 @@ def sync_apply_flow(req: ss.UpdateReq, payload, meta, chain_ver: int) -> Flow:
 
 
 # -- admission and exactly-once (used by the service and the simulator alike) -------------------
+def serve_update_flow(hosted: Container[int], req: ss.UpdateReq, payload, state: "ReplicaState") -> Flow:
+    """One update request at a storage service, from its arrival to its answer (the service's `update`
+    and the simulator's `handle_update` both run this): a retry gets the cached answer (exactly-once);
+    the request's chain version must be ours (our routing is refreshed first when the caller saw a newer
+    one); the target of the chain `hosted` here must be writable (and the head for a client's update);
+    then the chunk lock, and the same checks again under it (3FS: the chain may have changed while we
+    waited); the update flow runs counted by the chain version it was admitted under (`FlowTracker`:
+    resync waits for older ones), and its answer is kept for retries. Errors propagate to the caller."""
+    cached = state.dedup.get(req)
+    if cached is not None:
+        return cached
+    chain = yield ChainView(req.chain_id, req.chain_ver)
+    check_chain_version(chain, req.chain_ver)
+    me = local_target(chain, hosted)
+    admit(me, chain, req)
+    yield LockChunk(me, req.chunk_id)
+    chain = yield ChainView(req.chain_id)
+    check_chain_version(chain, req.chain_ver)
+    admit(me, chain, req)
+    tracker = state.tracker(me)
+    tracker.enter(chain.version)
+    try:
+        rsp = yield from update_flow(me, chain, req, payload)
+    finally:
+        tracker.exit(chain.version)
+    state.dedup.put(req, rsp)
+    return rsp
+
+
+def local_target(chain: ms.ChainInfo, hosted: Container[int], where: str = "this node") -> int:
+    """The target of `chain` that is hosted here (a service hosts at most one target per chain)."""
+    for t in chain.targets:
+        if t.target_id in hosted:
+            return t.target_id
+    raise status_error(StatusCode.TARGET_NOT_FOUND, f"{where} has no target in chain {chain.chain_id}")
+
+
 def admit(me: int, chain: ms.ChainInfo, req: ss.UpdateReq) -> None:
     """Checks before an update may run at target `me` (chain version already matched)."""
     order = write_targets(chain)
@@ -262,6 +359,23 @@ def admit(me: int, chain: ms.ChainInfo, req: ss.UpdateReq) -> None:
     if req.from_target == 0 and order[0] != me:
         raise status_error(StatusCode.NOT_HEAD, f"target {me} is not the head of chain "
                            f"{chain.chain_id}; head is {order[0]}")
+    if req.from_target:
+        # Only our predecessor in this chain version may forward to us, and only to a SYNCING target
+        # does a resync write. A target that left the chain may still run an old resync (an admin took
+        # it offline while it synced us): its full-chunk replaces would take back versions committed
+        # since (the simulator, seed 464: a SERVING target went back from v5 to v3 -> stale read).
+        index = order.index(me)
+        predecessor = order[index - 1] if index else 0
+        if req.from_target != predecessor:
+            raise status_error(StatusCode.CHAIN_VERSION_MISMATCH,
+                               f"target {me}: an update of chunk {req.chunk_id.hex()} from target "
+                               f"{req.from_target}, which is not our predecessor in chain {chain.chain_id} "
+                               f"v{chain.version} ({predecessor or 'none: we are its head'})")
+        if req.sync and _state_of(chain, me) != ms.SYNCING:
+            raise status_error(StatusCode.CHAIN_VERSION_MISMATCH,
+                               f"target {me} is {_state_of(chain, me)} in chain {chain.chain_id} "
+                               f"v{chain.version}, not SYNCING: resync of chunk {req.chunk_id.hex()} "
+                               f"from target {req.from_target} refused")
 
 
 def check_chain_version(chain: ms.ChainInfo, chain_ver: int) -> None:
@@ -269,6 +383,29 @@ def check_chain_version(chain: ms.ChainInfo, chain_ver: int) -> None:
         raise status_error(StatusCode.CHAIN_VERSION_MISMATCH,
                            f"chain {chain.chain_id} is at version {chain.version}, request carries "
                            f"{chain_ver}; refresh routing and retry")
+
+
+class ReplicaState:
+    """The update path's memory at one storage service (lost when its process restarts): results of
+    recent client updates, and the update flows in progress per target."""
+
+    def __init__(self, dedup_entries_max: int = DEDUP_ENTRIES_MAX) -> None:
+        self.dedup = ExactlyOnce(dedup_entries_max)
+        self.flows: dict[int, FlowTracker] = {}
+
+    def tracker(self, target_id: int) -> "FlowTracker":
+        tracker = self.flows.get(target_id)
+        if tracker is None:
+            tracker = self.flows[target_id] = FlowTracker()
+        return tracker
+
+
+def local_state(public_state: str | None) -> str:
+    """The local state a storage service reports for a target its routing shows in `public_state`
+    (None: not in its routing): UPTODATE while mgmtd still counts the target as holding every
+    acknowledged write (SERVING, LASTSRV); ONLINE otherwise, and it must resync (mgmtd itself records
+    when a resync finished: sync_done). A process that is down reports nothing (mgmtd times it out)."""
+    return ms.UPTODATE if public_state in (ms.SERVING, ms.LASTSRV) else ms.ONLINE
 
 
 class ExactlyOnce:
@@ -359,6 +496,25 @@ class FlowTracker:
             callback()
         else:
             self._waiters.append((chain_ver, callback))
+
+
+def resync_job(chain: ms.ChainInfo, hosted: Container[int]) -> tuple[int, int] | None:
+    """(our target, its successor) when a target hosted here is the predecessor of the chain's SYNCING
+    target and must resync it (3FS "Data recovery"); None otherwise. Writes go SERVING then SYNCING, so
+    the predecessor is the last SERVING target, the one that forwards every write to the SYNCING one."""
+    order = write_targets(chain)
+    for me, successor in zip(order, order[1:]):
+        state = next(t.public_state for t in chain.targets if t.target_id == successor)
+        if me in hosted and state == ms.SYNCING:
+            return me, successor
+    return None
+
+
+def resync_locked_flow(me: int, successor: int, chain_id: int, chunk_id: bytes, brief) -> Flow:
+    """One chunk of a resync under its chunk lock, decided on the chain as it is once the lock is held."""
+    yield LockChunk(me, chunk_id)
+    chain = yield ChainView(chain_id)
+    return (yield from resync_chunk_flow(me, successor, chain, chunk_id, brief))
 
 
 def resync_chunk_flow(me: int, successor: int, chain: ms.ChainInfo, chunk_id: bytes, brief) -> Flow:

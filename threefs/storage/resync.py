@@ -11,7 +11,6 @@ import asyncio
 import logging
 
 from threefs.common.status import StatusCode, ThreeFSError, status_error
-from threefs.cluster.routing import write_targets
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas import storage as ss
 from threefs.rpc.server import CallContext, rpc
@@ -39,7 +38,7 @@ class Resyncer:
                 if routing is None:
                     continue
                 for chain in routing.info.chains.values():
-                    job = self._job(chain)
+                    job = craq.resync_job(chain, self.svc.engines)
                     if job is not None and job[1] not in self.active:
                         self.active.add(job[1])
                         task = asyncio.ensure_future(self._sync_guarded(chain.chain_id, *job))
@@ -48,14 +47,6 @@ class Resyncer:
         finally:
             for t in tasks:
                 t.cancel()
-
-    def _job(self, chain: ms.ChainInfo) -> tuple[int, int] | None:
-        order = write_targets(chain)
-        for me, successor in zip(order, order[1:]):
-            state = next(t.public_state for t in chain.targets if t.target_id == successor)
-            if me in self.svc.engines and state == ms.SYNCING:
-                return me, successor
-        return None
 
     async def _sync_guarded(self, chain_id: int, me: int, successor: int) -> None:
         try:
@@ -84,7 +75,7 @@ class Resyncer:
         await self.svc.quiet_below(me, sync_version)
         remote = await self._dump(routing.target_addr(successor), successor)
         engine = self.svc.engines[me]
-        local = {meta.chunk_id for meta in await self.svc._disk(engine.iter_metas)}
+        local = {meta.chunk_id for meta in await self.svc.disk(engine.iter_metas)}
         todo = sorted(local | set(remote))
         log.info("resync chain %d: target %d -> %d: checking %d chunks (%d here, %d there)",
                  chain_id, me, successor, len(todo), len(local), len(remote))
@@ -105,11 +96,7 @@ class Resyncer:
 
     async def _send_chunk(self, chain_id: int, me: int, successor: int, cid: bytes, brief) -> int:
         """Decide and send under the chunk lock (craq.resync_chunk_flow); 1 if something was sent."""
-        lock = self.svc._lock(me, cid)
-        async with lock:
-            chain = (await self.svc.mgmtd.get()).chain(chain_id)
-            rsp = await craq.drive(craq.resync_chunk_flow(me, successor, chain, cid, brief),
-                                   self.svc._effects(me))
+        rsp = await self.svc.run_flow(craq.resync_locked_flow(me, successor, chain_id, cid, brief))
         return 0 if rsp is None else 1
 
     @rpc(ss.SyncDumpReq)
@@ -118,7 +105,7 @@ class Resyncer:
         if engine is None:
             raise status_error(StatusCode.TARGET_NOT_FOUND, f"target {req.target_id} is not here")
         start = req.after + b"\x00" if req.after else b""
-        metas = await self.svc._disk(engine.iter_metas, start, None, limit=req.limit + 1)
+        metas = await self.svc.disk(engine.iter_metas, start, None, limit=req.limit + 1)
         briefs = [ss.ChunkBrief(x.chunk_id, x.commit_ver, x.length, x.crc, x.update_ver)
                   for x in metas[:req.limit]]
         return ss.SyncDumpRsp(briefs, len(metas) > req.limit)

@@ -72,10 +72,10 @@ class Scrubber:
         for tid, engine in sorted(self.svc.engines.items()):
             if target_id and tid != target_id:
                 continue
-            ids = [m.chunk_id for m in await self.svc._disk(engine.iter_metas) if m.commit_ver]
+            ids = [m.chunk_id for m in await self.svc.disk(engine.iter_metas) if m.commit_ver]
             for i in range(0, len(ids), SCRUB_BATCH):
                 batch = ids[i:i + SCRUB_BATCH]
-                bad = await self.svc._disk(lambda b=batch, e=engine: [c for c in b if not e.verify(c)])
+                bad = await self.svc.disk(lambda b=batch, e=engine: [c for c in b if not e.verify(c)])
                 self.checked += len(batch)
                 for cid in bad:
                     await self.report(tid, cid, "scrub")
@@ -112,21 +112,20 @@ class Scrubber:
 
     async def repair(self, target_id: int, chunk_id: bytes) -> None:
         engine = self.svc.engines[target_id]
-        lock = self.svc._lock(target_id, chunk_id)
-        async with lock:
+        async with self.svc.chunk_lock(target_id, chunk_id):
             meta = engine.get_meta(chunk_id)
             if meta is None or not meta.commit_ver:
                 return  # removed meanwhile
-            if await self.svc._disk(engine.verify, chunk_id):
+            if await self.svc.disk(engine.verify, chunk_id):
                 return  # rewritten meanwhile by an update
             data = await self._fetch_good_copy(target_id, chunk_id, meta)
             ver, chain_ver = meta.commit_ver, meta.chain_ver
             # Replace the data in one atomic commit (readers never see the chunk missing), then put
             # the version numbers back: the chunk lock keeps updates out meanwhile.
-            await self.svc._disk(engine.write, chunk_id, update_ver=ver + 1, chain_ver=chain_ver, offset=0,
+            await self.svc.disk(engine.write, chunk_id, update_ver=ver + 1, chain_ver=chain_ver, offset=0,
                                  data=data, chunk_size=max(len(data), 1), full_replace=True)
-            await self.svc._disk(engine.commit, chunk_id, ver + 1, chain_ver=chain_ver)
-            fixed = await self.svc._disk(engine.set_versions, chunk_id, update_ver=ver, commit_ver=ver,
+            await self.svc.disk(engine.commit, chunk_id, ver + 1, chain_ver=chain_ver)
+            fixed = await self.svc.disk(engine.set_versions, chunk_id, update_ver=ver, commit_ver=ver,
                                          chain_ver=chain_ver)
             assert fixed.crc == crc32c.crc32c(data) and fixed.commit_ver == ver
 

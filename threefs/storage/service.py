@@ -8,6 +8,7 @@ successor answers; the tail commits first, so the ack is the nested RPC response
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -20,6 +21,7 @@ from threefs.cluster.routing import Routing
 from threefs.common.buffers import align_up
 from threefs.common.config import ServiceConfig
 from threefs.common.health import Problems
+from threefs.common.locks import KeyedLocks
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.cluster.heartbeat import heartbeat_loop
 from threefs.storage.fence import HeartbeatFence, sync_reports
@@ -70,9 +72,8 @@ class StorageService:
         self.mgmtd = mgmtd
         self.engines: dict[int, ChunkEngine] = {}
         self.io_pool = ThreadPoolExecutor(max_workers=DISK_THREADS, thread_name_prefix="disk")
-        self._locks: dict[tuple[int, bytes], asyncio.Lock] = {}
-        self._dedup = craq.ExactlyOnce()
-        self.flows: dict[int, craq.FlowTracker] = {}  # per target: update flows by chain version
+        self._locks = KeyedLocks()  # one lock per (target, chunk) while anyone holds or waits for it
+        self.replica = craq.ReplicaState()  # exactly-once cache, update flows per target
         self.hb_version = 0
         self.problems = Problems()  # reported in heartbeats (`threefs status`)
         self.fence = HeartbeatFence(config.node_id, config.heartbeat_timeout_s, config.heartbeat_interval_s)
@@ -93,7 +94,8 @@ class StorageService:
             engine.close()
         self.io_pool.shutdown(wait=True)
 
-    async def _disk(self, fn, *args, **kwargs):
+    async def disk(self, fn, *args, **kwargs):
+        """Run a chunk-engine call in the disk pool (it may block); disk failures are reported in heartbeats."""
         try:
             result = await asyncio.get_running_loop().run_in_executor(self.io_pool, lambda: fn(*args, **kwargs))
         except ThreeFSError as e:
@@ -107,10 +109,8 @@ class StorageService:
     def local_state(self, routing: Routing | None, target_id: int) -> str:
         """UPTODATE while mgmtd still counts this target as holding every acknowledged write; ONLINE
         otherwise (it must resync; mgmtd itself records when a resync finishes: sync_done)."""
-        if routing is None or target_id not in routing.info.targets:
-            return ms.ONLINE
-        public = routing.info.targets[target_id].public_state
-        return ms.UPTODATE if public in (ms.SERVING, ms.LASTSRV) else ms.ONLINE
+        known = routing is not None and target_id in routing.info.targets
+        return craq.local_state(routing.info.targets[target_id].public_state if known else None)
 
     async def register(self) -> None:
         req = ms.RegisterReq(self.config.node_id, ms.STORAGE, self.config.addr, socket.gethostname(),
@@ -144,11 +144,7 @@ class StorageService:
 
     # -- helpers ---------------------------------------------------------------------------------
     def _my_target(self, chain: ms.ChainInfo) -> int:
-        for t in chain.targets:
-            if t.target_id in self.engines:
-                return t.target_id
-        raise status_error(StatusCode.TARGET_NOT_FOUND,
-                           f"node {self.config.node_id} has no target in chain {chain.chain_id}")
+        return craq.local_target(chain, self.engines, f"node {self.config.node_id}")
 
     async def _chain_checked(self, chain_id: int, chain_ver: int) -> ms.ChainInfo:
         chain = await self._chain(chain_id)
@@ -164,17 +160,9 @@ class StorageService:
             routing = await self.mgmtd.refresh()
         return routing.chain(chain_id)
 
-    def _lock(self, target_id: int, chunk_id: bytes) -> asyncio.Lock:
-        key = (target_id, chunk_id)
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
-        return lock
-
-    def _release_lock_entry(self, target_id: int, chunk_id: bytes) -> None:
-        lock = self._locks.get((target_id, chunk_id))
-        if lock is not None and not lock.locked() and not lock._waiters:
-            del self._locks[(target_id, chunk_id)]
+    def chunk_lock(self, target_id: int, chunk_id: bytes):
+        """`async with svc.chunk_lock(t, c):` the per-chunk lock of target t (updates, resync, repair)."""
+        return self._locks.hold((target_id, chunk_id))
 
     # -- write path ------------------------------------------------------------------------------
     @rpc(ss.UpdateReq)
@@ -185,32 +173,35 @@ class StorageService:
             raise status_error(StatusCode.CHECKSUM_MISMATCH,
                                f"payload checksum mismatch for chunk {req.chunk_id.hex()} "
                                f"(corrupted in transit); retry")
-        cached = self._dedup.get(req)
-        if cached is not None:
-            return cached
-        chain = await self._chain_checked(req.chain_id, req.chain_ver)
-        me = self._my_target(chain)
-        craq.admit(me, chain, req)
-        lock = self._lock(me, req.chunk_id)
-        try:
-            async with lock:
-                chain = await self._chain(req.chain_id)  # 3FS: re-check once the chunk lock is held
-                craq.check_chain_version(chain, req.chain_ver)
-                craq.admit(me, chain, req)
-                flows = self.flows.setdefault(me, craq.FlowTracker())
-                flows.enter(chain.version)
-                try:
-                    rsp = await self._update_locked(req, payload, chain, me)
-                finally:
-                    flows.exit(chain.version)
-        finally:
-            self._release_lock_entry(me, req.chunk_id)
-        self._dedup.put(req, rsp)
-        return rsp
+        return await self.run_flow(craq.serve_update_flow(self.engines, req, payload, self.replica))
+
+    async def run_flow(self, flow):
+        """Drive a CRAQ flow (storage/craq.py) with this service's effects; the chunk lock it takes is
+        released when it ends, however it ends."""
+        held = contextlib.AsyncExitStack()
+        store = None
+
+        async def perform(e):
+            nonlocal store
+            if isinstance(e, craq.ChainView):
+                chain = await self._chain(e.chain_id)
+                if e.at_least > chain.version:  # the caller saw a newer routing than ours
+                    chain = (await self.mgmtd.refresh()).chain(e.chain_id)
+                return chain
+            if isinstance(e, craq.LockChunk):
+                await held.enter_async_context(self.chunk_lock(e.target_id, e.chunk_id))
+                store = self._effects(e.target_id)
+                return None
+            if store is None:
+                raise AssertionError(f"{e!r} before the flow took a chunk lock")
+            return await store(e)
+
+        async with held:
+            return await craq.drive(flow, perform)
 
     async def quiet_below(self, me: int, chain_ver: int) -> None:
         """Wait until no update flow admitted under an older version of the chain runs at `me`."""
-        flows = self.flows.setdefault(me, craq.FlowTracker())
+        flows = self.replica.tracker(me)
         done = asyncio.get_running_loop().create_future()
         flows.when_quiet_below(chain_ver, lambda: done.done() or done.set_result(None))
         # A flow ends within its forwarding window (it gives up after craq.FORWARD_RETRY_S) plus a
@@ -223,9 +214,6 @@ class StorageService:
             raise status_error(StatusCode.TIMEOUT, f"update flows of target {me} admitted before chain "
                                f"v{chain_ver} still run after {limit:.0f} s") from None
 
-    async def _update_locked(self, req, payload, chain, me) -> ss.UpdateRsp:
-        return await craq.drive(craq.update_flow(me, chain, req, payload), self._effects(me))
-
     def _effects(self, me: int):
         """The real effects of the CRAQ flows at target `me` (see storage/craq.py)."""
         engine = self.engines[me]
@@ -233,13 +221,8 @@ class StorageService:
         async def perform(e):
             if isinstance(e, craq.GetMeta):
                 return engine.get_meta(e.chunk_id)
-            if isinstance(e, craq.Write):
-                return await self._disk(engine.write, e.chunk_id, update_ver=e.update_ver,
-                                        chain_ver=e.chain_ver, offset=e.offset, data=e.data,
-                                        chunk_size=e.chunk_size, full_replace=e.full_replace,
-                                        last_request=e.tag)
-            if isinstance(e, craq.Commit):
-                return await self._disk(engine.commit, e.chunk_id, e.update_ver, chain_ver=e.chain_ver)
+            if isinstance(e, craq.STORE_EFFECTS):
+                return await self.disk(craq.apply_to_store, engine, e)
             if isinstance(e, craq.Forward):
                 routing = await self.mgmtd.get()
                 # a successor silent for a heartbeat timeout is being failed by mgmtd: give up on this
@@ -248,16 +231,6 @@ class StorageService:
                                              ss.UpdateRsp, payload=e.payload,
                                              timeout=self.config.heartbeat_timeout_s)
                 return rsp
-            if isinstance(e, craq.ReadNewest):
-                data, _ = await self._disk(engine.read, e.chunk_id, 0, e.chunk_size, pending=True)
-                return data
-            if isinstance(e, craq.Truncate):
-                return await self._disk(engine.truncate, e.chunk_id, update_ver=e.update_ver,
-                                        chain_ver=e.chain_ver, length=e.length, chunk_size=e.chunk_size,
-                                        last_request=e.tag)
-            if isinstance(e, craq.Remove):
-                return await self._disk(engine.remove, e.chunk_id, update_ver=e.update_ver,
-                                        chain_ver=e.chain_ver, last_request=e.tag)
             if isinstance(e, craq.RefreshChain):
                 return (await self.mgmtd.refresh()).chain(e.chain_id)
             if isinstance(e, craq.Sleep):
@@ -284,7 +257,7 @@ class StorageService:
             try:  # page-cache hits are served inline; a miss goes to the disk threads
                 results, used = self._read_batch(req, routing, lease.view, nowait=True)
             except BlockingIOError:
-                results, used = await self._disk(self._read_batch, req, routing, lease.view)
+                results, used = await self.disk(self._read_batch, req, routing, lease.view)
         except BaseException:
             lease.release()
             raise
@@ -350,7 +323,7 @@ class StorageService:
         self.fence.check()
         chain = await self._chain_checked(req.chain_id, req.chain_ver)
         me = self._my_target(chain)
-        metas = await self._disk(self.engines[me].iter_metas, req.begin, req.end)
+        metas = await self.disk(self.engines[me].iter_metas, req.begin, req.end)
         removed = 0
         for meta in metas:
             sub = ss.UpdateReq(req.chain_id, req.chain_ver, meta.chunk_id, ss.REMOVE,
@@ -363,7 +336,7 @@ class StorageService:
     async def last_chunk(self, ctx: CallContext, req: ss.LastChunkReq) -> ss.LastChunkRsp:
         self.fence.check()
         me = self._my_target(await self._chain(req.chain_id))
-        metas = await self._disk(self.engines[me].iter_metas, req.begin, req.end, reverse=True, limit=1)
+        metas = await self.disk(self.engines[me].iter_metas, req.begin, req.end, reverse=True, limit=1)
         if not metas:
             return ss.LastChunkRsp(b"", 0)
         return ss.LastChunkRsp(metas[0].chunk_id, metas[0].length)
