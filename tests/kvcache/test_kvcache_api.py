@@ -234,3 +234,20 @@ def test_a_page_overwritten_under_its_entry_reads_as_a_miss(fs, d, rng):
     assert all(bytes(out[i]) == data[i] for i in range(40) if i != 7)
     s = cache.stats()
     assert s["corrupt"] == 1 and s["client"]["crc_mismatches"] == 1 and cache.batch_exists([keys[7]]) == 0
+
+
+def test_a_damaged_registration_is_restored_by_the_service(private_cluster):
+    """kvcache-1 owns /.kvcache/service.json: emptied (as one full test run once found it), the service
+    notices within its check interval, logs what it found and publishes again; clients wait for that."""
+    from threefs.client.client import Client
+    from threefs.kvcache.service import SERVICE_FILE
+
+    cluster = private_cluster(storage=3, replicas=3)
+    fs = Client.connect(str(cluster.client_config_path))
+    try:
+        fs.write_bytes(SERVICE_FILE, b"")
+        cache = KVCache(fs, "/c", page_bytes=PAGE, capacity_bytes=8 * PAGE)  # waits for the repair
+        assert cache.batch_put([b"k"], [bytes(PAGE)]) == [True]
+        assert b"does not name this service" in (cluster.dir / "log" / "kvcache-1.log").read_bytes()
+    finally:
+        fs.close()

@@ -34,6 +34,8 @@ import crc32c
 
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.kvcache import protocol
+
+DISCOVER_WAIT_S = 15.0  # longer than the service checks its registration (service.REGISTRATION_CHECK_S)
 from threefs.kvcache.index import BATCH_KEYS_MAX, EXISTS, RESERVED
 from threefs.kvcache.service import SERVICE_FILE
 
@@ -102,12 +104,23 @@ class MetaConnection:
     def _discover(self) -> str:
         if self._fixed_addr:
             return self._fixed_addr
-        try:
-            info = json.loads(self.fs.read_bytes(SERVICE_FILE))
-        except FileNotFoundError:
-            raise status_error(StatusCode.NOT_FOUND, f"no kvcache service in this cluster ({SERVICE_FILE} "
-                               "missing): `threefs up` starts one (kvcache-1)") from None
-        return info["addr"]
+        deadline = time.monotonic() + DISCOVER_WAIT_S
+        while True:
+            try:
+                raw = self.fs.read_bytes(SERVICE_FILE)
+            except FileNotFoundError:
+                raise status_error(StatusCode.NOT_FOUND, f"no kvcache service in this cluster ({SERVICE_FILE} "
+                                   "missing): `threefs up` starts one (kvcache-1)") from None
+            try:
+                return json.loads(raw)["addr"]
+            except (ValueError, KeyError, TypeError):
+                # The service checks its registration every few seconds and rewrites it when it is not
+                # what it published (it logs what it found): wait for that, then say what is wrong.
+                if time.monotonic() > deadline:
+                    raise status_error(StatusCode.UNAVAILABLE, f"{SERVICE_FILE} does not name a kvcache "
+                                       f"service ({len(raw)} bytes: {raw[:80]!r}); is kvcache-1 running? "
+                                       "(see its log)") from None
+                time.sleep(0.25)
 
     def _connect(self) -> socket.socket:
         if self._sock is None:

@@ -38,6 +38,7 @@ SERVICE_FILE = "/.kvcache/service.json"
 # reservation is older than half of it, and their storage calls time out well before (30 s).
 LEASE_S_DEFAULT = 120.0
 FLUSH_INTERVAL_S = 1.0
+REGISTRATION_CHECK_S = 5.0  # how often the service checks that SERVICE_FILE still names it
 CONNECTIONS_MAX = 1024
 SLOTS_MAX = 1 << 32
 PAGE_BYTES_MAX = 64 << 20  # a page is one chunk of the data files
@@ -353,6 +354,29 @@ def _connect_fs(config):
     return Client(ClientConfig(mgmtd=config.mgmtd, token=read_token(config.token_file)))
 
 
+def _registration_ok(fs, addr: str) -> bool:
+    """Does SERVICE_FILE still name this service? If not, log what it holds (a cause still to find: it
+    was seen empty once, in a full test run) and say so; the caller publishes again."""
+    try:
+        raw = fs.read_bytes(SERVICE_FILE)
+    except FileNotFoundError:
+        raw = None
+    try:
+        info = json.loads(raw) if raw is not None else {}
+        if info.get("pid") == os.getpid() and info.get("addr") == addr:
+            return True
+    except (ValueError, AttributeError):
+        pass
+    try:
+        attr = fs.stat(SERVICE_FILE)
+        what = f"inode {attr.inode}, length {attr.length}"
+    except FileNotFoundError:
+        what = "missing"
+    log.warning("%s does not name this service (%s, read %r): publishing it again", SERVICE_FILE, what,
+                None if raw is None else raw[:80])
+    return False
+
+
 def _publish(fs, addr: str) -> None:
     fs.mkdir(SERVICE_DIR, 0o755, parents=True, exist_ok=True)
     tmp = f"{SERVICE_FILE}.{os.getpid()}.tmp"
@@ -389,6 +413,7 @@ async def serve(config) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    next_check = loop.time() + REGISTRATION_CHECK_S
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), FLUSH_INTERVAL_S)
@@ -398,6 +423,13 @@ async def serve(config) -> None:
             svc.tick()
         except sqlite3.Error as exc:  # a full disk: keep serving, try again next tick
             log.warning("kvcache flush: %s", exc)
+        if loop.time() >= next_check:  # the registration is ours to keep
+            next_check = loop.time() + REGISTRATION_CHECK_S
+            try:
+                if not await asyncio.to_thread(_registration_ok, fs, config.addr):
+                    await asyncio.to_thread(_publish, fs, config.addr)
+            except ThreeFSError as exc:
+                log.info("checking %s: %s", SERVICE_FILE, exc)
     server.close()
     svc.tick()
     store.close()
