@@ -16,37 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from threefs.common.config import ClientConfig, ServiceConfig, TargetConfig, save_toml
+from threefs.common.config import ClientConfig, ServiceConfig, save_toml
 from threefs.common.ids import target_id
-from threefs.testing.netns import NetLab, netns_unavailable
+from threefs.testing.netns import MGMTD_PORT, NetLab, cluster_configs, netns_unavailable
 
 pytestmark = pytest.mark.skipif(netns_unavailable() is not None, reason=str(netns_unavailable()))
 
 HELPER = str(Path(__file__).with_name("netns_client.py"))
-MGMTD_PORT, META_PORT, STORAGE_PORT = 7100, 7200, 7300
 DEADLINE_S = 90.0
 TOKEN = "netns-test-token-" + "0" * 32
 
 
 def _configs(lab: NetLab, work: Path) -> list[tuple[str, ServiceConfig]]:
-    token_file = work / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    ctl = lab.hosts["ctl"].address
-    common = dict(mgmtd=[f"{ctl}:{MGMTD_PORT}"], token_file=str(token_file), heartbeat_timeout_s=3.0)
-    kv = f"sqlite://{work / 'kv' / 'meta.db'}"
-    out = [("ctl", ServiceConfig(type="mgmtd", name="mgmtd-1", node_id=1, listen_host=ctl, port=MGMTD_PORT,
-                                 kv=kv, **common)),
-           ("ctl", ServiceConfig(type="meta", name="meta-1", node_id=51, listen_host=ctl, port=META_PORT,
-                                 kv=kv, **common))]
-    for i in (1, 2, 3):
-        node = 100 + i
-        targets = [TargetConfig(target_id(node, slot), str(work / "data" / f"s{i}" / f"t{slot}"))
-                   for slot in (1, 2)]
-        out.append((f"s{i}", ServiceConfig(type="storage", name=f"storage-{i}", node_id=node,
-                                           listen_host=lab.hosts[f"s{i}"].address, port=STORAGE_PORT,
-                                           targets=targets, failure_domain=f"s{i}", **common)))
-    return out
+    return cluster_configs(lab, work, TOKEN, ["s1", "s2", "s3"])
 
 
 class Acks:

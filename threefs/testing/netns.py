@@ -23,7 +23,10 @@ import shutil
 import signal
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
+from threefs.common.config import ServiceConfig, TargetConfig
+from threefs.common.ids import target_id
 from threefs.common.status import StatusCode, ThreeFSError
 
 SUBNET = "10.77.0"  # /24; hosts get .1, .2, ...
@@ -163,3 +166,33 @@ class NetLab:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+MGMTD_PORT, META_PORT, STORAGE_PORT = 7100, 7200, 7300  # service ports on netns hosts (each host its own IP)
+
+
+def cluster_configs(lab: NetLab, work, token: str, storage_hosts: list[str], *, mgmtd: int = 1, meta: int = 1,
+                    heartbeat_timeout_s: float = 3.0, **storage_extra) -> list[tuple[str, ServiceConfig]]:
+    """(host, ServiceConfig) for a cluster on the lab's hosts: mgmtd and meta on host "ctl" (ports
+    MGMTD_PORT + i, META_PORT + i), one storage service with 2 targets on each of `storage_hosts` (its
+    own failure domain), the SQLite KV and the token file (written here) under `work`."""
+    work = Path(work)
+    token_file = work / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    ctl = lab.hosts["ctl"].address
+    common = dict(mgmtd=[f"{ctl}:{MGMTD_PORT + i}" for i in range(mgmtd)], token_file=str(token_file),
+                  heartbeat_timeout_s=heartbeat_timeout_s)
+    kv = f"sqlite://{work / 'kv' / 'meta.db'}"
+    out = [("ctl", ServiceConfig(type="mgmtd", name=f"mgmtd-{i + 1}", node_id=i + 1, listen_host=ctl,
+                                 port=MGMTD_PORT + i, kv=kv, **common)) for i in range(mgmtd)]
+    out += [("ctl", ServiceConfig(type="meta", name=f"meta-{i + 1}", node_id=51 + i, listen_host=ctl,
+                                  port=META_PORT + i, kv=kv, **common)) for i in range(meta)]
+    for i, host in enumerate(storage_hosts, 1):
+        node = 100 + i
+        targets = [TargetConfig(target_id(node, slot), str(work / "data" / f"s{i}" / f"t{slot}"))
+                   for slot in (1, 2)]
+        out.append((host, ServiceConfig(type="storage", name=f"storage-{i}", node_id=node,
+                                        listen_host=lab.hosts[host].address, port=STORAGE_PORT, targets=targets,
+                                        failure_domain=host, **storage_extra, **common)))
+    return out

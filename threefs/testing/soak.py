@@ -28,11 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from threefs.common.config import ClientConfig, ServiceConfig, TargetConfig, save_toml
-from threefs.common.ids import target_id
-from threefs.testing.netns import NetLab, netns_unavailable
+from threefs.common.config import ClientConfig, ServiceConfig, save_toml
+from threefs.testing.netns import NetLab, cluster_configs, netns_unavailable
 
-MGMTD_PORTS, META_PORTS, STORAGE_PORT = (7100, 7101), (7200, 7201), 7300
 TOKEN = "soak-token-" + "0" * 40
 READY_TIMEOUT_S = 120.0
 HEAL_TIMEOUT_S = 300.0
@@ -53,26 +51,10 @@ class Soak:
 
     # -- cluster --------------------------------------------------------------------------------
     def _configs(self) -> None:
-        token_file = self.work / "token"
-        token_file.write_text(TOKEN + "\n")
-        token_file.chmod(0o600)
-        ctl = self.lab.hosts["ctl"].address
-        common = dict(mgmtd=[f"{ctl}:{p}" for p in MGMTD_PORTS], token_file=str(token_file),
-                      heartbeat_timeout_s=self.heartbeat_timeout_s)
-        kv = f"sqlite://{self.work / 'kv' / 'meta.db'}"
-        for i, port in enumerate(MGMTD_PORTS, 1):
-            self.configs[f"mgmtd-{i}"] = ("ctl", ServiceConfig(type="mgmtd", name=f"mgmtd-{i}", node_id=i,
-                                                               listen_host=ctl, port=port, kv=kv, **common))
-        for i, port in enumerate(META_PORTS, 1):
-            self.configs[f"meta-{i}"] = ("ctl", ServiceConfig(type="meta", name=f"meta-{i}", node_id=50 + i,
-                                                              listen_host=ctl, port=port, kv=kv, **common))
-        for i in range(1, self.storage + 1):
-            node = 100 + i
-            targets = [TargetConfig(target_id(node, slot), str(self.work / "data" / f"s{i}" / f"t{slot}"))
-                       for slot in (1, 2)]
-            self.configs[f"storage-{i}"] = (f"s{i}", ServiceConfig(
-                type="storage", name=f"storage-{i}", node_id=node, listen_host=self.lab.hosts[f"s{i}"].address,
-                port=STORAGE_PORT, targets=targets, failure_domain=f"s{i}", scrub_interval_s=30.0, **common))
+        hosts = [f"s{i}" for i in range(1, self.storage + 1)]
+        for host, config in cluster_configs(self.lab, self.work, TOKEN, hosts, mgmtd=2, meta=2,
+                                            heartbeat_timeout_s=self.heartbeat_timeout_s, scrub_interval_s=30.0):
+            self.configs[config.name] = (host, config)
 
     def start(self) -> None:
         (self.work / "kv").mkdir(parents=True, exist_ok=True)
