@@ -197,3 +197,32 @@ def test_pyarrow_parquet_and_pandas_csv_through_file_objects(fs, d):
         df.to_csv(f, index=False)
     with fs.open(f"{d}/t.csv", "rb") as f:
         assert pd.read_csv(f).equals(df)
+
+
+def test_one_file_object_read_by_many_threads(fs, d):
+    """Calls on one File run one at a time (as with io's buffered files): threads sharing it read every
+    block exactly once, whole, and nothing they wait on is cancelled by another thread."""
+    import struct
+    import threading
+
+    block, count = 4096, 2048
+    data = b"".join(struct.pack("<Q", i) * (block // 8) for i in range(count))
+    with fs.open(f"{d}/shared.bin", "wb") as f:
+        f.write(data)
+    seen, errors = [], []
+    with fs.open(f"{d}/shared.bin", "rb") as f:
+        def reader():
+            try:
+                while piece := f.read(block):
+                    seen.append(piece)
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=reader) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert not errors, errors
+    assert all(len(p) == block and p == p[:8] * (block // 8) for p in seen)
+    assert sorted(struct.unpack_from("<Q", p)[0] for p in seen) == list(range(count))

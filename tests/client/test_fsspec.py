@@ -74,8 +74,10 @@ def test_pyarrow_dataset_over_fsspec(tfs, d):
 
 def test_duckdb_reads_and_writes(tfs, d):
     duckdb = pytest.importorskip("duckdb")
+    from threefs.client.fsspec import DuckDBThreeFSFileSystem
+
     con = duckdb.connect()
-    con.register_filesystem(tfs)
+    con.register_filesystem(DuckDBThreeFSFileSystem(client=tfs.client, skip_instance_cache=True))
     pd.DataFrame({"k": range(1000), "v": [i * 2 for i in range(1000)]}).to_parquet(
         f"{d}/in.parquet", filesystem=tfs)
     assert con.execute(f"select count(*), sum(v) from read_parquet('threefs://{d}/in.parquet')").fetchone() \
@@ -84,3 +86,60 @@ def test_duckdb_reads_and_writes(tfs, d):
             f"to 'threefs://{d}/out.parquet' (format parquet)")
     assert con.execute(f"select sum(w) from 'threefs://{d}/out.parquet'").fetchone() == (100,)
     con.close()
+
+
+def test_duckdb_threads_scan_one_file_through_a_shared_handle(tfs, d, tmp_path):
+    """DuckDB's worker threads read row groups of one file through one handle as seek() + read():
+    with per-thread positions every thread reads where it seeked (a shared position mixed them up:
+    wrong bytes or a read-ahead cancelled under another thread's feet)."""
+    duckdb = pytest.importorskip("duckdb")
+    from threefs.client.fsspec import DuckDBThreeFSFileSystem
+
+    n = 400_000
+    table = pa.table({"k": pa.array(range(n), pa.int64()),
+                      "s": pa.array([f"value-{i * 7919 % n:08d}" for i in range(n)])})
+    pq.write_table(table, f"{d}/many_groups.parquet", filesystem=tfs, row_group_size=10_000)
+    pq.write_table(table, str(tmp_path / "local.parquet"), row_group_size=10_000)
+    con = duckdb.connect(config={"threads": 4})
+    con.register_filesystem(DuckDBThreeFSFileSystem(client=tfs.client, skip_instance_cache=True))
+    query = "select count(*), sum(k), sum(hash(s)), min(s), max(s) from read_parquet('{}')"
+    want = con.execute(query.format(tmp_path / "local.parquet")).fetchone()
+    for _ in range(5):
+        assert con.execute(query.format(f"threefs://{d}/many_groups.parquet")).fetchone() == want
+    con.close()
+
+
+def test_position_per_thread_reader(tfs, d, rng):
+    import io
+    import threading
+
+    from threefs.client.fsspec import PositionPerThreadReader
+
+    data = rng.randbytes((1 << 20) + 333)
+    tfs.pipe_file(f"{d}/p.bin", data)
+    f = PositionPerThreadReader(tfs.client, f"{d}/p.bin")
+    assert f.size == len(data) and f.read() == data and f.read() == b""
+    assert f.seek(-10, io.SEEK_END) == len(data) - 10 and f.read(100) == data[-10:]
+    errors = []
+
+    def reader(seed):
+        import random
+        r = random.Random(seed)
+        try:
+            for _ in range(60):
+                off, n = r.randrange(len(data)), r.randrange(1, 70_000)
+                f.seek(off)
+                got = f.read(n)
+                assert got == data[off:off + n], (off, n)
+                assert f.tell() == off + len(got)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    with pytest.raises(IsADirectoryError):
+        PositionPerThreadReader(tfs.client, str(d))

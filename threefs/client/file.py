@@ -10,14 +10,21 @@
 `RawFile` (`buffering=0`) sends every call straight to storage.
 
 Both publish the file length to meta at close (and at fsync()); it is exact after close.
+
+Like io's buffered files, a file object may be used from several threads: each call holds the object's
+lock, so calls run one at a time (a read never sees another thread's seek half-way). A seek() followed
+by a read() is still two calls; threads sharing one object without their own lock see each other's
+position, as with any Python file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import io
 import os
+import threading
 
 import msgspec
 
@@ -51,6 +58,19 @@ def _result(fut, what: str):
         raise status_error(StatusCode.TIMEOUT, f"{what} did not finish in {IO_WAIT_S:.0f} s") from None
 
 
+def _serialised(method):
+    """Run a file method under the object's lock (see the module docstring). A file opened before a
+    fork is not locked in the child: the method refuses or ignores it without waiting for a lock some
+    thread of the parent may have held at the fork."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        if self._other_process():
+            return method(self, *args, **kwargs)
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked
+
+
 def _with_length(a: m.InodeAttr, length: int) -> m.InodeAttr:
     return msgspec.structs.replace(a, length=length)
 
@@ -68,6 +88,7 @@ class _Handle:
 
     def _init_handle(self, client, path: str, rsp: m.OpenRsp, flags: int, readable: bool,
                      writable: bool) -> None:
+        self._lock = threading.RLock()
         self._client = client
         self._generation = client._generation  # a forked child must reopen (see Client)
         self.name = path
@@ -131,6 +152,7 @@ class _Handle:
         self._pos = base + offset
         return self._pos
 
+    @_serialised
     def tell(self) -> int:
         self._checkClosed()
         return self._pos
@@ -170,12 +192,14 @@ class RawFile(_Handle, io.RawIOBase):
         io.RawIOBase.__init__(self)
         self._init_handle(client, path, rsp, flags, readable, writable)
 
+    @_serialised
     def readinto(self, b) -> int:
         self._check_readable()
         n = self._client.run(self._client.aio.read_into(self._attr_now(), self._pos, b))
         self._pos += n
         return n
 
+    @_serialised
     def write(self, b) -> int:
         self._check_writable()
         if self.mode_flags & os.O_APPEND:
@@ -185,17 +209,21 @@ class RawFile(_Handle, io.RawIOBase):
         self._written_end = max(self._written_end, self._pos)
         return n
 
+    @_serialised
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         return self._seek_to(offset, whence)
 
+    @_serialised
     def truncate(self, size: int | None = None) -> int:
         return self._truncate_meta(size)
 
+    @_serialised
     def fsync(self) -> None:
         """Publish the length written so far to meta (the data is already on storage)."""
         self._checkClosed()
         self._publish_length(end_session=False)
 
+    @_serialised
     def close(self) -> None:
         if self.closed:
             return
@@ -258,6 +286,7 @@ class File(_Handle, io.BufferedIOBase):
         if len(buf) == self._seg_bytes and len(self._free) < FREE_BUFFERS_MAX:
             self._free.append(buf)
 
+    @_serialised
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         return self._seek_to(offset, whence)
 
@@ -265,6 +294,7 @@ class File(_Handle, io.BufferedIOBase):
         raise io.UnsupportedOperation("threefs files cannot be detached")
 
     # -- write-behind ----------------------------------------------------------------------------
+    @_serialised
     def write(self, b) -> int:
         self._check_writable()
         self._raise_error()
@@ -354,6 +384,7 @@ class File(_Handle, io.BufferedIOBase):
         while self._inflight:
             self._reap_oldest()
 
+    @_serialised
     def flush(self) -> None:
         """Wait until every byte written so far is on storage (raises a failed background write)."""
         if self.closed or self._other_process():
@@ -361,6 +392,7 @@ class File(_Handle, io.BufferedIOBase):
         self._drain_writes()
         self._raise_error()
 
+    @_serialised
     def fsync(self) -> None:
         """flush(), then publish the length to meta so other clients see it before close."""
         self.flush()
@@ -371,12 +403,14 @@ class File(_Handle, io.BufferedIOBase):
             self._written_end = min(self._written_end, self._acked_end)
         super()._publish_length(end_session)
 
+    @_serialised
     def truncate(self, size: int | None = None) -> int:
         self.flush()
         self._drop_read_ahead()
         return self._truncate_meta(size)
 
     # -- read-ahead ------------------------------------------------------------------------------
+    @_serialised
     def read(self, size: int | None = -1) -> bytes:
         self._check_readable()
         self._before_read()
@@ -387,9 +421,11 @@ class File(_Handle, io.BufferedIOBase):
         del buf[got:]
         return bytes(buf)
 
+    @_serialised
     def read1(self, size: int = -1) -> bytes:
         return self.read(size)
 
+    @_serialised
     def readinto(self, b) -> int:
         self._check_readable()
         self._before_read()
@@ -397,6 +433,7 @@ class File(_Handle, io.BufferedIOBase):
 
     readinto1 = readinto
 
+    @_serialised
     def peek(self, size: int = 0) -> bytes:
         """Bytes at the position without moving it: at least one unless at the end of the file, at
         most PEEK_BYTES_MAX (io's readline() peeks once per line)."""
@@ -485,6 +522,7 @@ class File(_Handle, io.BufferedIOBase):
                 s.future.cancel()
 
     # -- close -----------------------------------------------------------------------------------
+    @_serialised
     def close(self) -> None:
         if self.closed:
             return

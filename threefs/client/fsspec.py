@@ -4,9 +4,14 @@
     df = pd.read_parquet("threefs:///data/x.parquet")               # config from $THREEFS_CONFIG
     df.to_parquet("threefs:///data/y.parquet", storage_options={"config": ".threefs/client.toml"})
 
-    import duckdb, fsspec
-    duckdb.register_filesystem(fsspec.filesystem("threefs"))
+    import duckdb
+    from threefs.client.fsspec import DuckDBThreeFSFileSystem
+    duckdb.register_filesystem(DuckDBThreeFSFileSystem())
     duckdb.sql("select count(*) from read_parquet('threefs:///data/x.parquet')")
+
+(DuckDB reads one open file from several threads, each read as two calls, seek() then read(); the
+DuckDB flavour gives each thread its own position so that every read lands where its thread seeked.
+A plain ThreeFSFileSystem's files have one position, as Python files do, and would mix them up.)
 
 A thin layer over threefs.client.Client (registered by the `fsspec.specs` entry point): paths are
 absolute threefs paths (`threefs:///a/b`, and `threefs://a/b` means `/a/b` too); files are the client's
@@ -15,12 +20,15 @@ File objects (read-ahead, write-behind); ranged reads go straight into one buffe
 
 from __future__ import annotations
 
+import io
 import os
+import threading
 
 from fsspec.spec import AbstractFileSystem
 
 from threefs.client.client import Client
 from threefs.common.config import ClientConfig
+from threefs.common.status import StatusCode, status_error
 from threefs.rpc.schemas import meta as m
 
 TYPES = {m.FILE: "file", m.DIRECTORY: "directory", m.SYMLINK: "link"}
@@ -157,3 +165,80 @@ class ThreeFSFileSystem(AbstractFileSystem):
         """Close the client this filesystem connected (not one passed in)."""
         if self._owned:
             self.client.close()
+
+
+class PositionPerThreadReader(io.RawIOBase):
+    """A read-only file whose position is kept per thread: each read is one positional batch read at
+    the position its own thread last seeked to (or 0). Made for DuckDB, whose fsspec bridge reads a
+    shared handle from its worker threads as seek(location) then read(n). The length is the file's at
+    open (readers of a file being written see what was committed then)."""
+
+    def __init__(self, client: Client, path: str):
+        super().__init__()
+        attr = client.stat(path)
+        if attr.type == m.DIRECTORY:
+            raise IsADirectoryError(21, "Is a directory", path)
+        self._client, self._attr, self.name = client, attr, path
+        self._local = threading.local()
+
+    @property
+    def size(self) -> int:
+        return self._attr.length
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def _pos(self) -> int:
+        return getattr(self._local, "pos", 0)
+
+    def tell(self) -> int:
+        self._checkClosed()
+        return self._pos()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._checkClosed()
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos(), io.SEEK_END: self._attr.length}.get(whence)
+        if base is None:
+            raise status_error(StatusCode.INVALID_ARGUMENT, f"invalid whence {whence}")
+        if base + offset < 0:
+            raise status_error(StatusCode.INVALID_ARGUMENT, f"negative seek position {base + offset}")
+        self._local.pos = base + offset
+        return self._local.pos
+
+    def readinto(self, b) -> int:
+        self._checkClosed()
+        view = memoryview(b).cast("B")
+        pos = self._pos()
+        n = min(len(view), max(0, self._attr.length - pos))
+        if n == 0:
+            return 0
+        got = self._client.batch_read([(self._attr, pos, view[:n])])[0]
+        self._local.pos = pos + got
+        return got
+
+    def read(self, size: int = -1) -> bytes:
+        self._checkClosed()
+        if size is None or size < 0:
+            size = max(0, self._attr.length - self._pos())
+        buf = bytearray(size)
+        got = self.readinto(buf)
+        del buf[got:]
+        return bytes(buf)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+
+class DuckDBThreeFSFileSystem(ThreeFSFileSystem):
+    """`threefs://` for duckdb.register_filesystem: files opened for reading keep a position per thread
+    (PositionPerThreadReader), which DuckDB's multi-threaded seek-then-read needs; writes are the
+    client's File objects, as in ThreeFSFileSystem."""
+
+    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
+        if mode == "rb":
+            return PositionPerThreadReader(self.client, self._strip_protocol(path))
+        return super()._open(path, mode, block_size=block_size, autocommit=autocommit,
+                             cache_options=cache_options, **kwargs)

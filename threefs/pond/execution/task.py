@@ -284,10 +284,7 @@ def exec_sql(con, sql: str):
 def _register_threefs(con, datasets: Iterable[DataSet], *paths: str) -> None:
     if any(pfs.is_threefs(p) for p in paths) or any(pfs.is_threefs(p) for d in datasets
                                                      for p in getattr(d, "resolved_paths", [])[:1]):
-        try:
-            con.register_filesystem(pfs.threefs_fs())
-        except Exception:
-            pass
+        pfs.register_with_duckdb(con)
 
 
 # ---------------------------------------------------------------------------------------------------------------

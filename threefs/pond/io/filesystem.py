@@ -56,6 +56,26 @@ def threefs_fs():
     return fsspec.filesystem("threefs", config=current_config(), skip_instance_cache=True)
 
 
+def duckdb_fs():
+    """The file system DuckDB gets for threefs:// paths (per-thread file positions, which its
+    multi-threaded reads need: see threefs.client.fsspec.DuckDBThreeFSFileSystem); shares the client of
+    threefs_fs()."""
+    return _duckdb_fs_over(threefs_fs())
+
+
+@functools.lru_cache(maxsize=4)
+def _duckdb_fs_over(base):
+    from threefs.client.fsspec import DuckDBThreeFSFileSystem
+    return DuckDBThreeFSFileSystem(client=base.client, skip_instance_cache=True)
+
+
+def register_with_duckdb(con) -> None:
+    """Let DuckDB connection `con` read and write threefs:// paths (once per connection)."""
+    if "threefs" in con.list_filesystems():
+        return
+    con.register_filesystem(duckdb_fs())
+
+
 def _strip(path: str) -> str:
     return "/" + path[len(THREEFS_PREFIX):].strip("/")
 

@@ -191,10 +191,7 @@ class DataSet:
 
 def _register_fs(con, paths: List[str]) -> None:
     if any(pfs.is_threefs(p) for p in paths):
-        try:
-            con.register_filesystem(pfs.threefs_fs())
-        except Exception:  # already registered on this connection
-            pass
+        pfs.register_with_duckdb(con)
 
 
 class PartitionedDataSet(DataSet):
