@@ -14,7 +14,7 @@ import logging
 import uuid
 
 from threefs.common.status import ThreeFSError
-from threefs.s3 import sigv4, xmlout
+from threefs.s3 import sigv4, tagging, xmlout
 from threefs.s3.errors import S3Error, from_threefs
 from threefs.s3.http import Request, Response
 from threefs.s3.keys import KeyStore
@@ -273,10 +273,7 @@ class Gateway(MultipartHandlers):
                 await self.store.head(req.bucket, req.key, req.cred)
                 return Response(200)
         if "tagging" in q:
-            if m == "GET":
-                await self.store.head(req.bucket, req.key, req.cred)
-                return Response(200, _XML, xmlout.simple("Tagging", "<TagSet></TagSet>"))
-            raise S3Error("NotImplemented", "object tagging is not implemented", 501)
+            return await self.object_tagging(req)
         if "uploadId" in q:
             return await self.multipart_op(req)
         if m == "POST" and "uploads" in q:
@@ -293,6 +290,28 @@ class Gateway(MultipartHandlers):
         raise S3Error("MethodNotAllowed", f"{m} is not allowed on an object")
 
     # -- objects ------------------------------------------------------------------------------------
+    async def object_tagging(self, req: Request) -> Response:
+        """Get/Put/DeleteObjectTagging: the tag set in the object's record (see threefs/s3/tagging.py).
+        Changing tags needs the right to write into the bucket, as a PUT does."""
+        m, b, k = req.method, req.bucket, req.key
+        if m == "GET":
+            info = await self.store.readable(b, k, req.cred)
+            return Response(200, _XML, tagging.to_xml(info.record.get("tags") or []))
+        if m not in ("PUT", "DELETE"):
+            raise S3Error("MethodNotAllowed", f"{m} is not allowed on an object's tagging")
+        tags = tagging.from_xml(await req.read_small()) if m == "PUT" else []
+        await self.store.check_bucket(b, req.cred)
+        info = await self.store.head(b, k, req.cred)
+        record = dict(info.record)
+        if tags:
+            record["tags"] = tags
+        else:
+            record.pop("tags", None)
+        if not info.record and not tags:
+            return Response(204)  # written outside the gateway and untagged: nothing to store
+        await self.store.replace_record(info, record)
+        return Response(200 if m == "PUT" else 204)
+
     def _record_from_headers(self, req: Request) -> dict:
         meta = {}
         size = 0
@@ -310,7 +329,12 @@ class Gateway(MultipartHandlers):
                 stored["content-encoding"] = enc
             else:
                 del stored["content-encoding"]
-        return {"ct": req.header("content-type", "binary/octet-stream"), "meta": meta, "h": stored}
+        record = {"ct": req.header("content-type", "binary/octet-stream"), "meta": meta, "h": stored}
+        if req.header("x-amz-tagging"):
+            tags = tagging.from_header(req.header("x-amz-tagging"))
+            if tags:
+                record["tags"] = tags
+        return record
 
     async def put_object(self, req: Request) -> Response:
         b, k = req.bucket, req.key
@@ -381,10 +405,19 @@ class Gateway(MultipartHandlers):
         if directive not in ("COPY", "REPLACE"):
             raise S3Error("InvalidArgument", "x-amz-metadata-directive must be COPY or REPLACE")
         await self.store.bucket_attr(req.bucket, req.cred)
+        tag_directive = req.header("x-amz-tagging-directive", "COPY").upper()
+        if tag_directive not in ("COPY", "REPLACE"):
+            raise S3Error("InvalidArgument", "x-amz-tagging-directive must be COPY or REPLACE",
+                          ArgumentName="x-amz-tagging-directive", ArgumentValue=tag_directive)
         if directive == "REPLACE":
             record = self._record_from_headers(req)
+            record.pop("tags", None)
         else:
             record = {k: v for k, v in src.record.items() if k in ("ct", "meta", "h")}
+        tags = (tagging.from_header(req.header("x-amz-tagging")) if tag_directive == "REPLACE"
+                else src.record.get("tags"))
+        if tags:
+            record["tags"] = tags
         record["etag"] = src.etag
         if "parts" in src.record:
             record["parts"] = src.record["parts"]

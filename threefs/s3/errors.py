@@ -30,6 +30,7 @@ STATUS_OF = {
     "InvalidPartNumber": 416,
     "InvalidRequest": 400,
     "InvalidStorageClass": 400,
+    "InvalidTag": 400,
     "KeyTooLongError": 400,
     "MalformedXML": 400,
     "MalformedPOSTRequest": 400,

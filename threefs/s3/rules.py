@@ -17,6 +17,8 @@ def _object_headers(info) -> dict:
     headers.update(r.get("h", {}))
     for k, v in (r.get("meta") or {}).items():
         headers["x-amz-meta-" + k] = v
+    if r.get("tags"):
+        headers["x-amz-tagging-count"] = str(len(r["tags"]))
     return headers
 
 

@@ -216,14 +216,23 @@ class Store:
         attr = await self.aio.setattr(info.path, mtime_ns=UTIME_NOW)
         return attr.mtime_ns / 1e9
 
+    async def replace_record(self, info, record: dict) -> None:
+        """A record change that keeps the object's Last-Modified (tags): the record, then the object's
+        ctime (an empty setattr), which every gateway's record cache is keyed by."""
+        await self.write_record(info.attr.inode, record, replace=True)
+        await self.aio.setattr(info.path)
+
     def _cached(self, attr) -> dict | None:
-        hit = self._records.get((attr.inode, attr.mtime_ns))
+        # keyed by mtime and ctime: a record replaced by another gateway moves one of them (see
+        # replace_metadata and replace_record), so no gateway serves the old record after that
+        key = (attr.inode, attr.mtime_ns, attr.ctime_ns)
+        hit = self._records.get(key)
         if hit is not None:
-            self._records.move_to_end((attr.inode, attr.mtime_ns))
+            self._records.move_to_end(key)
         return hit
 
     def _remember(self, attr, record: dict) -> None:
-        self._records[(attr.inode, attr.mtime_ns)] = record
+        self._records[(attr.inode, attr.mtime_ns, attr.ctime_ns)] = record
         if len(self._records) > RECORD_CACHE_ENTRIES_MAX:
             self._records.popitem(last=False)
 
