@@ -300,7 +300,10 @@ class Gateway(MultipartHandlers):
         if m not in ("PUT", "DELETE"):
             raise S3Error("MethodNotAllowed", f"{m} is not allowed on an object's tagging")
         tags = tagging.from_xml(await req.read_small()) if m == "PUT" else []
-        await self.store.check_bucket(b, req.cred)
+        from threefs.s3.store import may
+
+        if not may(await self.store.bucket_attr(b, req.cred), req.cred, 3):
+            raise S3Error("AccessDenied", f"changing the tags of {k} needs write access to bucket {b}")
         info = await self.store.head(b, k, req.cred)
         record = dict(info.record)
         if tags:
