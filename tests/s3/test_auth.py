@@ -93,6 +93,9 @@ def test_user_keys_apply_threefs_permissions(cluster, gateway, s3, bucket, fs):
     with pytest.raises(ClientError) as e:  # ... but changing tags is a write
         user.put_object_tagging(Bucket=bucket, Key="root-owned", Tagging={"TagSet": [{"Key": "a", "Value": "b"}]})
     assert error_code(e) == "AccessDenied"
+    with pytest.raises(ClientError) as e:  # bucket configurations are the owner's
+        user.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": [{"Key": "a", "Value": "b"}]})
+    assert error_code(e) == "AccessDenied"
     assert s3.get_object(Bucket=bucket, Key="root-owned")["Body"].read() == b"public read"
     fs.chmod(f"/{bucket}/root-owned", 0o600)
     with pytest.raises(ClientError) as e:

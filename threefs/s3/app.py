@@ -14,7 +14,7 @@ import logging
 import uuid
 
 from threefs.common.status import ThreeFSError
-from threefs.s3 import sigv4, tagging, xmlout
+from threefs.s3 import cors, sigv4, tagging, xmlout
 from threefs.s3.errors import S3Error, from_threefs
 from threefs.s3.http import Request, Response
 from threefs.s3.keys import KeyStore
@@ -38,6 +38,7 @@ log = logging.getLogger("threefs.s3")
 
 STORED_HEADERS = ("cache-control", "content-disposition", "content-encoding", "content-language", "expires")
 USER_META_BYTES_MAX = 2048
+BUCKET_TAGS_MAX = 50  # S3's limit for a bucket (objects: 10)
 SWEEP_INTERVAL_S = 3600.0
 RESPONSE_OVERRIDES = {"response-content-type": "content-type", "response-content-language": "content-language",
                       "response-expires": "expires", "response-cache-control": "cache-control",
@@ -91,6 +92,8 @@ class Gateway(MultipartHandlers):
         except Exception as e:  # a bug: answer 500 and keep serving
             log.exception("internal error on %s %s", req.method, req.resource)
             rsp = self._error(req, S3Error("InternalError", f"{type(e).__name__}: {e}", 500), request_id)
+        if req.header("origin") and req.bucket and req.method != "OPTIONS":
+            rsp.headers = {**rsp.headers, **await self._cors_headers(req)}  # (headers may be shared)
         await self._send(send, req, rsp, request_id)
 
     async def _lifespan(self, receive, send):
@@ -183,6 +186,8 @@ class Gateway(MultipartHandlers):
             req.bucket.encode("utf-8")
         except UnicodeEncodeError:
             raise S3Error("InvalidURI", "couldn't parse the specified URI: not valid UTF-8") from None
+        if req.method == "OPTIONS":
+            return await self.preflight(req)
         if req.method == "POST" and req.bucket and not req.key and not req.query \
                 and req.header("content-type").startswith("multipart/form-data"):
             return await self.post_object(req)  # a browser upload: its signed policy is the auth
@@ -229,6 +234,8 @@ class Gateway(MultipartHandlers):
         b, m = req.bucket, req.method
         if sub == "delete" and m == "POST":
             return await self.delete_objects(req)
+        if sub in ("tagging", "cors"):
+            return await self.bucket_config_op(req, sub)
         await self.store.bucket_attr(b, req.cred)
         if sub == "uploads" and m == "GET":
             return await self.list_uploads(req)
@@ -241,12 +248,8 @@ class Gateway(MultipartHandlers):
                 return Response(200, _XML, xmlout.simple("VersioningConfiguration"))
             if sub == "acl":
                 return Response(200, _XML, xmlout.acl(req.uid, req.user))
-            if sub == "tagging":
-                raise S3Error("NoSuchTagSet", "the TagSet does not exist")
             if sub == "policy":
                 raise S3Error("NoSuchBucketPolicy", "the bucket policy does not exist")
-            if sub == "cors":
-                raise S3Error("NoSuchCORSConfiguration", "the CORS configuration does not exist")
             if sub == "lifecycle":
                 raise S3Error("NoSuchLifecycleConfiguration", "the lifecycle configuration does not exist")
             if sub == "encryption":
@@ -255,6 +258,61 @@ class Gateway(MultipartHandlers):
             await req.read_small()
             return Response(200)
         raise S3Error("NotImplemented", f"the bucket sub-resource {sub!r} is not implemented for {m}", 501)
+
+    async def bucket_config_op(self, req: Request, kind: str) -> Response:
+        """Get/Put/DeleteBucketTagging and Get/Put/DeleteBucketCors (the bucket owner's to change)."""
+        b, m = req.bucket, req.method
+        if m == "GET":
+            _, value = await self.store.bucket_config(b, kind, req.cred)
+            if value is None:
+                if kind == "cors":
+                    raise S3Error("NoSuchCORSConfiguration", "The CORS configuration does not exist",
+                                  BucketName=b)
+                raise S3Error("NoSuchTagSet", "The TagSet does not exist", BucketName=b)
+            return Response(200, _XML, cors.to_xml(value) if kind == "cors" else tagging.to_xml(value))
+        if m == "PUT":
+            body = await req.read_small()
+            value = cors.from_xml(body) if kind == "cors" else tagging.from_xml(body, limit=BUCKET_TAGS_MAX)
+            await self.store.set_bucket_config(b, kind, value or None, req.cred)
+            return Response(200 if kind == "cors" else 204)
+        if m == "DELETE":
+            await self.store.set_bucket_config(b, kind, None, req.cred)
+            return Response(204)
+        raise S3Error("MethodNotAllowed", f"{m} is not allowed on a bucket's {kind}")
+
+    async def preflight(self, req: Request) -> Response:
+        """An OPTIONS preflight (unauthenticated, as browsers send it), judged by the bucket's CORS rules."""
+        origin, method = req.header("origin"), req.header("access-control-request-method")
+        if not origin:
+            raise S3Error("BadRequest", "Insufficient information. Origin request header needed.")
+        if not method:
+            raise S3Error("BadRequest", "Invalid Access-Control-Request-Method: (none given)")
+        if not req.bucket:
+            raise S3Error("AccessForbidden", "CORSResponse: Bucket not found", 403)
+        _, rules = await self.store.bucket_config(req.bucket, "cors", None)
+        if not rules:
+            raise S3Error("AccessForbidden", "CORSResponse: This CORS request is not allowed. This is usually "
+                          "because the evalution of Origin, request method / Access-Control-Request-Method or "
+                          "Access-Control-Request-Headers are not whitelisted by the resource's CORS spec.", 403,
+                          Method=method, ResourceType="OBJECT" if req.key else "BUCKET")
+        wanted = cors.requested_headers(req.header("access-control-request-headers"))
+        rule = cors.match(rules, origin, method, wanted)
+        if rule is None:
+            raise S3Error("AccessForbidden", "CORSResponse: This CORS request is not allowed. This is usually "
+                          "because the evalution of Origin, request method / Access-Control-Request-Method or "
+                          "Access-Control-Request-Headers are not whitelisted by the resource's CORS spec.", 403,
+                          Method=method, ResourceType="OBJECT" if req.key else "BUCKET")
+        return Response(200, cors.response_headers(rule, origin, wanted))
+
+    async def _cors_headers(self, req: Request) -> dict:
+        """Access-Control-* headers for a request with an Origin, from its bucket's rules (none if the
+        bucket has no rule for it, or cannot be read)."""
+        try:
+            _, rules = await self.store.bucket_config(req.bucket, "cors", None)
+        except (S3Error, ThreeFSError):
+            return {}
+        rule = cors.match(rules or [], req.header("origin"), req.method)
+        return {} if rule is None else cors.response_headers(rule, req.header("origin"))
 
     async def object_op(self, req: Request) -> Response:
         q, m = req.query, req.method

@@ -31,6 +31,8 @@ STATUS_OF = {
     "InvalidRequest": 400,
     "InvalidStorageClass": 400,
     "InvalidTag": 400,
+    "AccessForbidden": 403,
+    "BadRequest": 400,
     "KeyTooLongError": 400,
     "MalformedXML": 400,
     "MalformedPOSTRequest": 400,

@@ -79,6 +79,9 @@ def may(attr, cred: UserCred | None, want: int) -> bool:
     return bits & want == want
 
 
+BUCKET_CONFIGS = ("tagging", "cors")
+
+
 class Store:
     def __init__(self, aio, root: str = "/"):
         self.aio = aio
@@ -89,6 +92,7 @@ class Store:
         # records by (inode, mtime): a record changes only with its inode, or by a metadata-only copy,
         # which also moves the object's mtime (so no gateway serves a stale record from its cache)
         self._records: collections.OrderedDict = collections.OrderedDict()
+        self._bucket_configs: collections.OrderedDict = collections.OrderedDict()
         self._buckets_seen: dict[tuple[str, int], float] = {}
 
     async def setup(self) -> None:
@@ -162,15 +166,45 @@ class Store:
         path = self.bucket_path(bucket)
         try:  # the owner may delete its bucket although the root directory is not writable to it
             await self.aio.rmdir_at(NO_PARENT, path)
-            return
         except ThreeFSError as e:
             if e.code != StatusCode.NOT_EMPTY:
                 raise from_threefs(e, bucket) from None
-        # only empty directories left (S3 has no directories): the bucket is empty to S3
-        page = await self.list(bucket, cred, max_keys=1)
-        if page.contents or page.prefixes:
-            raise S3Error("BucketNotEmpty", "the bucket you tried to delete is not empty", BucketName=bucket)
-        await self.aio.remove(path, recursive=True)
+            # only empty directories left (S3 has no directories): the bucket is empty to S3
+            page = await self.list(bucket, cred, max_keys=1)
+            if page.contents or page.prefixes:
+                raise S3Error("BucketNotEmpty", "the bucket you tried to delete is not empty",
+                              BucketName=bucket)
+            await self.aio.remove(path, recursive=True)
+        for kind in BUCKET_CONFIGS:  # a bucket made again under this name is a new inode: nothing leaks
+            await self.drop_record(attr.inode, kind)
+
+    # -- bucket configurations (tags, CORS): one record each, named by the bucket directory's inode ----
+    async def bucket_config(self, bucket: str, kind: str, cred):
+        """(bucket attr, the configuration of `kind` or None). Cached by the directory's (inode, mtime,
+        ctime): a change through any gateway moves its ctime (see set_bucket_config)."""
+        attr = await self.bucket_attr(bucket, cred)
+        key = (kind, attr.inode, attr.mtime_ns, attr.ctime_ns)
+        if key in self._bucket_configs:
+            return attr, self._bucket_configs[key]
+        (record,) = await self.read_records([attr.inode], kind)
+        value = None if record is None else record.get("value")
+        self._bucket_configs[key] = value
+        if len(self._bucket_configs) > RECORD_CACHE_ENTRIES_MAX:
+            self._bucket_configs.popitem(last=False)
+        return attr, value
+
+    async def set_bucket_config(self, bucket: str, kind: str, value, cred) -> None:
+        """Replace (value None: delete) a bucket configuration; only the bucket's owner (or root) may."""
+        assert kind in BUCKET_CONFIGS, kind
+        attr = await self.bucket_attr(bucket, cred)
+        if cred is not None and cred.uid != 0 and attr.uid != cred.uid:
+            raise S3Error("AccessDenied", f"only the owner of bucket {bucket} (uid {attr.uid}) may change "
+                          f"its {kind} configuration")
+        if value is None:
+            await self.drop_record(attr.inode, kind)
+        else:
+            await self.write_record(attr.inode, {"value": value}, replace=True, kind=kind)
+        await self.aio.setattr(self.bucket_path(bucket))  # moves its ctime: every gateway looks again
 
     async def list_buckets(self, cred) -> list:
         out = []
@@ -190,11 +224,11 @@ class Store:
                 return out
 
     # -- metadata records ---------------------------------------------------------------------------
-    def record_path(self, inode: int) -> str:
-        return f"{self.meta}/{inode:x}"
+    def record_path(self, inode: int, kind: str = "") -> str:
+        return f"{self.meta}/{inode:x}" + (f".{kind}" if kind else "")
 
-    async def create_record(self, inode: int, replace: bool = False):
-        path = self.record_path(inode)
+    async def create_record(self, inode: int, replace: bool = False, kind: str = ""):
+        path = self.record_path(inode, kind)
         target = f"{path}.{uuid.uuid4().hex[:8]}" if replace else path
         return target, await self.aio.create_at(NO_PARENT, target, os.O_WRONLY | os.O_TRUNC, 0o600)
 
@@ -204,11 +238,11 @@ class Store:
         await self.aio.write_at(rsp.attr, 0, data)
         await self.aio.close_file(rsp.attr.inode, rsp.session, len(data))
 
-    async def write_record(self, inode: int, record: dict, replace: bool = False) -> None:
-        opened = await self.create_record(inode, replace)
+    async def write_record(self, inode: int, record: dict, replace: bool = False, kind: str = "") -> None:
+        opened = await self.create_record(inode, replace, kind)
         await self.fill_record(opened, record)
         if replace:
-            await self.aio.rename(opened[0], self.record_path(inode))
+            await self.aio.rename(opened[0], self.record_path(inode, kind))
 
     async def replace_metadata(self, info, record: dict) -> float:
         """A metadata-only update (copy onto itself): the record, then the object's mtime."""
@@ -236,11 +270,11 @@ class Store:
         if len(self._records) > RECORD_CACHE_ENTRIES_MAX:
             self._records.popitem(last=False)
 
-    async def read_records(self, inodes: list[int]) -> list[dict | None]:
+    async def read_records(self, inodes: list[int], kind: str = "") -> list[dict | None]:
         """Records of many inodes: one batch stat and one batch read."""
         if not inodes:
             return []
-        attrs = await self.aio.batch_stat([self.record_path(i) for i in inodes])
+        attrs = await self.aio.batch_stat([self.record_path(i, kind) for i in inodes])
         reqs, where = [], []
         for i, a in enumerate(attrs):
             if not isinstance(a, Exception) and a.length <= 1 << 20:
@@ -257,9 +291,9 @@ class Store:
                         pass
         return out
 
-    async def drop_record(self, inode: int) -> None:
+    async def drop_record(self, inode: int, kind: str = "") -> None:
         try:
-            await self.aio.remove(self.record_path(inode))
+            await self.aio.remove(self.record_path(inode, kind))
         except (FileNotFoundError, ThreeFSError):
             pass
 

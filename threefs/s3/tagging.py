@@ -1,7 +1,8 @@
-"""Object tags (S3's PutObjectTagging, GetObjectTagging, DeleteObjectTagging, and `x-amz-tagging` on
+"""Object and bucket tags (S3's PutObjectTagging, GetObjectTagging, DeleteObjectTagging, and `x-amz-tagging` on
 PutObject, CreateMultipartUpload and CopyObject): parsing and S3's limits.
 
-Tags live in the object's metadata record (`"tags": [[key, value], ...]`, in the order given), so they
+Bucket tags (Put/Get/DeleteBucketTagging, up to 50) are a bucket configuration record (store.py).
+Object tags live in the object's metadata record (`"tags": [[key, value], ...]`, in the order given), so they
 move and vanish with the object. S3's limits: at most 10 tags per object, keys of 1–128 and values of
 0–256 Unicode characters, no key twice, keys not starting with `aws:` (reserved); anything else is
 InvalidTag (400) with a message that names the offending tag.
@@ -20,9 +21,9 @@ KEY_CHARS_MAX = 128
 VALUE_CHARS_MAX = 256
 
 
-def check(tags: list[tuple[str, str]]) -> list[list[str]]:
-    if len(tags) > TAGS_MAX:
-        raise S3Error("InvalidTag", f"Object tags cannot be greater than {TAGS_MAX}: {len(tags)} given")
+def check(tags: list[tuple[str, str]], limit: int = TAGS_MAX) -> list[list[str]]:
+    if len(tags) > limit:
+        raise S3Error("InvalidTag", f"Object tags cannot be greater than {limit}: {len(tags)} given")
     seen = set()
     for key, value in tags:
         if not 1 <= len(key) <= KEY_CHARS_MAX:
@@ -50,7 +51,7 @@ def from_header(value: str) -> list[list[str]]:
     return check(pairs)
 
 
-def from_xml(body: bytes) -> list[list[str]]:
+def from_xml(body: bytes, limit: int = TAGS_MAX) -> list[list[str]]:
     """A PutObjectTagging body: <Tagging><TagSet><Tag><Key/><Value/></Tag>...</TagSet></Tagging>."""
     root = _parse_xml(body)
     if _local(root.tag) != "Tagging":
@@ -65,7 +66,7 @@ def from_xml(body: bytes) -> list[list[str]]:
         if key is None or value is None:
             raise S3Error("MalformedXML", "each <Tag> needs a <Key> and a <Value>")
         tags.append((key, value))
-    return check(tags)
+    return check(tags, limit)
 
 
 def to_xml(tags: list) -> bytes:
