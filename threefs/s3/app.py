@@ -13,8 +13,9 @@ import hashlib
 import logging
 import uuid
 
+from threefs.client import UserCred
 from threefs.common.status import ThreeFSError
-from threefs.s3 import cors, sigv4, tagging, xmlout
+from threefs.s3 import acl, cors, sigv4, tagging, xmlout
 from threefs.s3.errors import S3Error, from_threefs
 from threefs.s3.http import Request, Response
 from threefs.s3.keys import KeyStore
@@ -152,7 +153,8 @@ class Gateway(MultipartHandlers):
         await send({"type": "http.response.body", "body": b""})
 
     # -- auth ---------------------------------------------------------------------------------------
-    async def authenticate(self, req: Request) -> None:
+    async def authenticate(self, req: Request) -> bool:
+        """Check the request's signature and set its user; False for an unsigned (anonymous) request."""
         secrets: dict[str, object] = {}
 
         def secret_of(access_key: str) -> str:
@@ -171,14 +173,14 @@ class Gateway(MultipartHandlers):
         if auth is None:
             auth = sigv4.verify_v2(req.method, req.canonical_paths[0], req.query, req.headers, secret_of)
         if auth is None:
-            raise S3Error("AccessDenied", "anonymous access is not allowed: sign requests with an access key "
-                          "from `threefs admin s3-key-add`")
+            return False
         req.auth = auth
         req.access_key = auth.access_key
         _, cred, user = secrets[auth.access_key]
         req.cred = None if cred.uid == 0 else cred
         req.user = user
         req.uid = cred.uid
+        return True
 
     # -- dispatch -------------------------------------------------------------------------------------
     async def handle(self, req: Request) -> Response:
@@ -191,7 +193,8 @@ class Gateway(MultipartHandlers):
         if req.method == "POST" and req.bucket and not req.key and not req.query \
                 and req.header("content-type").startswith("multipart/form-data"):
             return await self.post_object(req)  # a browser upload: its signed policy is the auth
-        await self.authenticate(req)
+        if not await self.authenticate(req):
+            return await self.anonymous(req)
         if self.read_only and req.method not in ("GET", "HEAD"):
             raise S3Error("AccessDenied", "this gateway is read-only (threefs s3 serve --read-only); send "
                           "writes to a read-write gateway")
@@ -210,8 +213,11 @@ class Gateway(MultipartHandlers):
         if sub is not None:
             return await self.bucket_subresource(req, sub)
         if m == "PUT":
+            canned = acl.canned(req, acl.BUCKET_MODES)
             await req.read_small()
             await self.store.create_bucket(b, req.cred)
+            if canned is not None:
+                await self.set_bucket_acl(b, canned, req.cred)
             return Response(200, {"location": "/" + b})
         if m == "DELETE":
             if await self.multipart.uploads(b):
@@ -236,6 +242,8 @@ class Gateway(MultipartHandlers):
             return await self.delete_objects(req)
         if sub in ("tagging", "cors"):
             return await self.bucket_config_op(req, sub)
+        if sub == "acl":
+            return await self.bucket_acl(req)
         await self.store.bucket_attr(b, req.cred)
         if sub == "uploads" and m == "GET":
             return await self.list_uploads(req)
@@ -246,18 +254,94 @@ class Gateway(MultipartHandlers):
                 return Response(200, _XML, xmlout.simple("LocationConstraint"))
             if sub == "versioning":
                 return Response(200, _XML, xmlout.simple("VersioningConfiguration"))
-            if sub == "acl":
-                return Response(200, _XML, xmlout.acl(req.uid, req.user))
             if sub == "policy":
                 raise S3Error("NoSuchBucketPolicy", "the bucket policy does not exist")
             if sub == "lifecycle":
                 raise S3Error("NoSuchLifecycleConfiguration", "the lifecycle configuration does not exist")
             if sub == "encryption":
                 raise S3Error("ServerSideEncryptionConfigurationNotFoundError", "no server-side encryption")
-        if sub == "acl" and m == "PUT":
-            await req.read_small()
-            return Response(200)
         raise S3Error("NotImplemented", f"the bucket sub-resource {sub!r} is not implemented for {m}", 501)
+
+    # -- ACLs (threefs/s3/acl.py) and anonymous requests -------------------------------------------
+    def _owner_name(self, req: Request, uid: int) -> str:
+        return req.user if uid == req.uid else ("root" if uid == 0 else f"uid {uid}")
+
+    async def bucket_acl(self, req: Request) -> Response:
+        b = req.bucket
+        if req.method == "GET":
+            attr, public = await self.store.bucket_config(b, "acl", req.cred)
+            return Response(200, _XML, acl.policy_xml(attr.uid, self._owner_name(req, attr.uid), attr.mode,
+                                                      public, is_dir=True))
+        if req.method != "PUT":
+            raise S3Error("MethodNotAllowed", f"{req.method} is not allowed on a bucket's acl")
+        canned = acl.canned(req, acl.BUCKET_MODES)
+        body = await req.read_small()
+        attr = await self.store.bucket_attr(b, req.cred)
+        if canned is None:
+            canned = acl.from_policy(body, attr.uid, acl.BUCKET_MODES)
+        await self.set_bucket_acl(b, canned, req.cred)
+        return Response(200)
+
+    async def set_bucket_acl(self, bucket: str, canned: str, cred) -> None:
+        """The bucket directory's mode, and whether anonymous requests may use it (owner only)."""
+        await self.store.set_bucket_config(bucket, "acl", canned if canned in acl.PUBLIC else None, cred,
+                                           mode=acl.BUCKET_MODES[canned])
+
+    async def object_acl(self, req: Request) -> Response:
+        b, k = req.bucket, req.key
+        if req.method == "GET":
+            info = await self.store.head(b, k, req.cred)
+            return Response(200, _XML, acl.policy_xml(info.attr.uid, self._owner_name(req, info.attr.uid),
+                                                      info.attr.mode, info.record.get("acl"), is_dir=False))
+        if req.method != "PUT":
+            raise S3Error("MethodNotAllowed", f"{req.method} is not allowed on an object's acl")
+        canned = acl.canned(req, acl.OBJECT_MODES)
+        body = await req.read_small()
+        info = await self.store.head(b, k, req.cred)
+        if canned is None:
+            canned = acl.from_policy(body, info.attr.uid, acl.OBJECT_MODES)
+        await self.store.chmod_object(info, acl.OBJECT_MODES[canned], req.cred)  # the owner's (threefs checks)
+        record = dict(info.record, acl=canned)
+        if record != info.record:
+            await self.store.replace_record(info, record)
+        return Response(200)
+
+    async def anonymous(self, req: Request) -> Response:
+        """An unsigned request: served only where an S3 ACL made the bucket or object public (never
+        because of POSIX modes alone); the gateway then acts for the bucket's owner."""
+        denied = S3Error("AccessDenied", "anonymous access is not allowed here: sign requests with an access "
+                         "key from `threefs admin s3-key-add`, or make the bucket or object public with an ACL")
+        q, m, b = req.query, req.method, req.bucket
+        if not b or any(s in q for s in _BUCKET_SUBRESOURCES + _OBJECT_UNSUPPORTED + ("acl", "uploadId")):
+            raise denied
+        if self.read_only and m not in ("GET", "HEAD"):
+            raise denied
+        bucket_attr, public = await self.store.bucket_config(b, "acl", None)
+        req.user, req.uid = "anonymous", acl.ANONYMOUS_UID
+        if not req.key:
+            if m in ("GET", "HEAD") and public in acl.PUBLIC:
+                if m == "HEAD":
+                    return Response(200, {"x-amz-bucket-region": self.region})
+                return await self.list_objects(req)
+            raise denied
+        if m in ("GET", "HEAD"):
+            try:
+                info = await self.store.readable(b, req.key, None)
+            except S3Error as e:  # whether a key exists is for those who may list the bucket
+                if e.code == "NoSuchKey" and public not in acl.PUBLIC:
+                    raise denied from None
+                raise
+            if info.record.get("acl") not in acl.PUBLIC:
+                raise denied
+            return self.serve_object(req, info)
+        if m in ("PUT", "DELETE") and public == "public-read-write" and not req.header("x-amz-copy-source"):
+            owner = bucket_attr.uid
+            req.cred = None if owner == 0 else UserCred(owner, bucket_attr.gid)
+            if m == "DELETE":
+                await self.store.delete(b, req.key, req.cred)
+                return Response(204)
+            return await self.put_object(req)
+        raise denied
 
     async def bucket_config_op(self, req: Request, kind: str) -> Response:
         """Get/Put/DeleteBucketTagging and Get/Put/DeleteBucketCors (the bucket owner's to change)."""
@@ -323,13 +407,7 @@ class Gateway(MultipartHandlers):
             raise S3Error("InvalidArgument", "Invalid version id specified", ArgumentName="versionId",
                           ArgumentValue=q["versionId"])
         if "acl" in q:
-            if m == "GET":
-                await self.store.head(req.bucket, req.key, req.cred)
-                return Response(200, _XML, xmlout.acl(req.uid, req.user))
-            if m == "PUT":
-                await req.read_small()
-                await self.store.head(req.bucket, req.key, req.cred)
-                return Response(200)
+            return await self.object_acl(req)
         if "tagging" in q:
             return await self.object_tagging(req)
         if "uploadId" in q:
@@ -391,6 +469,9 @@ class Gateway(MultipartHandlers):
             else:
                 del stored["content-encoding"]
         record = {"ct": req.header("content-type", "binary/octet-stream"), "meta": meta, "h": stored}
+        canned = acl.canned(req, acl.OBJECT_MODES)
+        if canned is not None:
+            record["acl"] = canned
         if req.header("x-amz-tagging"):
             tags = tagging.from_header(req.header("x-amz-tagging"))
             if tags:
@@ -413,7 +494,7 @@ class Gateway(MultipartHandlers):
             elif not _etag_matches(if_match, current.etag):
                 raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did "
                               "not hold", Condition="If-Match")
-        temp, rsp = await self.store.new_temp(req.cred)
+        temp, rsp = await self.store.new_temp(req.cred, record)
         record_file = asyncio.ensure_future(self.store.create_record(rsp.attr.inode))  # while data arrives
         md5 = hashlib.md5()
         try:
@@ -433,7 +514,9 @@ class Gateway(MultipartHandlers):
         return Response(200, headers)
 
     async def get_object(self, req: Request) -> Response:
-        info = await self.store.readable(req.bucket, req.key, req.cred)
+        return self.serve_object(req, await self.store.readable(req.bucket, req.key, req.cred))
+
+    def serve_object(self, req: Request, info) -> Response:
         headers = _object_headers(info)
         _check_conditions(req, info, headers)
         for q, h in RESPONSE_OVERRIDES.items():
@@ -475,6 +558,9 @@ class Gateway(MultipartHandlers):
             record.pop("tags", None)
         else:
             record = {k: v for k, v in src.record.items() if k in ("ct", "meta", "h")}
+            canned = acl.canned(req, acl.OBJECT_MODES)  # a copy gets the ACL asked for, not its source's
+            if canned is not None:
+                record["acl"] = canned
         tags = (tagging.from_header(req.header("x-amz-tagging")) if tag_directive == "REPLACE"
                 else src.record.get("tags"))
         if tags:
@@ -488,9 +574,13 @@ class Gateway(MultipartHandlers):
                           "object to itself without changing the object's metadata, storage class, website "
                           "redirect location or encryption attributes.")
         if same:  # a metadata update: replace the record only (atomically)
+            if "acl" in record:
+                await self.store.chmod_object(src, acl.OBJECT_MODES[record["acl"]], req.cred)
+            elif "acl" in src.record:
+                record["acl"] = src.record["acl"]
             mtime = await self.store.replace_metadata(src, record)
             return Response(200, _XML, xmlout.copy_result("CopyObjectResult", src.etag, mtime))
-        temp, rsp = await self.store.new_temp(req.cred)
+        temp, rsp = await self.store.new_temp(req.cred, record)
         try:
             length = await self.store.copy_data(src, 0, src.size, rsp, [])
         except BaseException:
@@ -528,7 +618,7 @@ class Gateway(MultipartHandlers):
         self.store.object_paths(req.bucket, key)
         await self.store.check_bucket(req.bucket, cred)
         record = self._record_from_fields(lower, file_type)
-        temp, rsp = await self.store.new_temp(cred)
+        temp, rsp = await self.store.new_temp(cred, record)
         md5 = hashlib.md5()
         try:
             length = await self.store.write_stream(rsp, form.file_body(), [md5])
@@ -546,7 +636,15 @@ class Gateway(MultipartHandlers):
     def _record_from_fields(self, lower: dict, file_type: str) -> dict:
         meta = {k[11:]: v for k, v in lower.items() if k.startswith("x-amz-meta-")}
         stored = {h: lower[h] for h in STORED_HEADERS if lower.get(h)}
-        return {"ct": lower.get("content-type") or "binary/octet-stream", "meta": meta, "h": stored}
+        record = {"ct": lower.get("content-type") or "binary/octet-stream", "meta": meta, "h": stored}
+        if lower.get("acl"):
+            if lower["acl"] not in acl.OBJECT_MODES:
+                raise S3Error("InvalidArgument", f"acl {lower['acl']!r} is not one of "
+                              f"{', '.join(sorted(acl.OBJECT_MODES))}", ArgumentName="acl")
+            record["acl"] = lower["acl"]
+        if lower.get("tagging"):
+            record["tags"] = tagging.from_xml(lower["tagging"].encode())
+        return record
 
     async def delete_objects(self, req: Request) -> Response:
         await self.store.bucket_attr(req.bucket, req.cred)

@@ -165,7 +165,7 @@ class Multipart:
         etag = hashlib.md5(b"".join(bytes.fromhex(r["etag"]) for _, _, r in chosen)).hexdigest() \
             + f"-{len(chosen)}"
         record = dict(info["record"], etag=etag, parts=[a.length for _, a, _ in chosen])
-        temp, rsp = await self.store.new_temp(cred)
+        temp, rsp = await self.store.new_temp(cred, record)
         try:
             length = 0
             for _, attr, r in chosen:

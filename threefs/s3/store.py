@@ -33,7 +33,8 @@ PIECE_BYTES = 8 << 20  # one storage batch of a streamed GET/PUT/copy
 PIECES_IN_FLIGHT = 3
 RECORD_CACHE_ENTRIES_MAX = 100_000
 BUCKET_SEEN_S = 2.0
-BUCKET_MODE = 0o700  # private to its owner, as S3's default; chmod it (FUSE, CLI) to share
+BUCKET_MODE = 0o700  # private to its owner, as S3's default; chmod it (FUSE, CLI) or set an ACL to share
+OBJECT_DEFAULT_MODE = 0o644  # readable by whoever may search its bucket (a private bucket hides it)
 TEMP_AGE_S_MAX = 24 * 3600.0  # a temp file untouched this long belongs to a PUT that died
 RETRIES_MAX = 8  # namespace races with other gateways (a parent removed under us, ...)
 
@@ -79,7 +80,7 @@ def may(attr, cred: UserCred | None, want: int) -> bool:
     return bits & want == want
 
 
-BUCKET_CONFIGS = ("tagging", "cors")
+BUCKET_CONFIGS = ("tagging", "cors", "acl")
 
 
 class Store:
@@ -193,8 +194,9 @@ class Store:
             self._bucket_configs.popitem(last=False)
         return attr, value
 
-    async def set_bucket_config(self, bucket: str, kind: str, value, cred) -> None:
-        """Replace (value None: delete) a bucket configuration; only the bucket's owner (or root) may."""
+    async def set_bucket_config(self, bucket: str, kind: str, value, cred, mode: int | None = None) -> None:
+        """Replace (value None: delete) a bucket configuration, and set the directory's mode if given;
+        only the bucket's owner (or root) may."""
         assert kind in BUCKET_CONFIGS, kind
         attr = await self.bucket_attr(bucket, cred)
         if cred is not None and cred.uid != 0 and attr.uid != cred.uid:
@@ -204,7 +206,17 @@ class Store:
             await self.drop_record(attr.inode, kind)
         else:
             await self.write_record(attr.inode, {"value": value}, replace=True, kind=kind)
-        await self.aio.setattr(self.bucket_path(bucket))  # moves its ctime: every gateway looks again
+        try:  # moves its ctime: every gateway looks again
+            await self.aio.setattr(self.bucket_path(bucket), mode=mode)
+        except ThreeFSError as e:
+            raise from_threefs(e, bucket) from None
+
+    async def chmod_object(self, info, mode: int, cred) -> None:
+        """An object's mode from its ACL; threefs lets only the file's owner (or root) change it."""
+        try:
+            await self.aio.setattr(info.path, mode=mode, user=cred)
+        except ThreeFSError as e:
+            raise from_threefs(e, info.key) from None
 
     async def list_buckets(self, cred) -> list:
         out = []
@@ -366,11 +378,15 @@ class Store:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
 
-    async def new_temp(self, cred):
-        """A fresh file in R/.s3/tmp owned by the user: (path, OpenRsp)."""
+    async def new_temp(self, cred, record: dict | None = None):
+        """A fresh file in R/.s3/tmp owned by the user: (path, OpenRsp). Its mode is the one of the
+        canned ACL in `record` (see acl.py), 0644 without one."""
+        from threefs.s3.acl import OBJECT_MODES
+
+        mode = OBJECT_MODES.get((record or {}).get("acl"), OBJECT_DEFAULT_MODE)
         path = f"{self.tmp}/{uuid.uuid4().hex}"
         try:
-            rsp = await self.aio.create_at(NO_PARENT, path, os.O_WRONLY | os.O_EXCL, 0o644, cred)
+            rsp = await self.aio.create_at(NO_PARENT, path, os.O_WRONLY | os.O_EXCL, mode, cred)
         except ThreeFSError as e:
             raise from_threefs(e, "a new object") from None
         return path, rsp

@@ -84,11 +84,3 @@ def delete_result(deleted: list[str], errors: list[tuple[str, str, str]], quiet:
 
 def simple(tag: str, inner: str = "") -> bytes:
     return f"{HEAD}<{tag} {NS}>{inner}</{tag}>".encode()
-
-
-def acl(uid: int, name: str) -> bytes:
-    o = f"<ID>{uid}</ID><DisplayName>{escape(name)}</DisplayName>"
-    return (f"{HEAD}<AccessControlPolicy {NS}><Owner>{o}</Owner><AccessControlList><Grant>"
-            '<Grantee xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" xsi:type="CanonicalUser">'
-            f"{o}</Grantee><Permission>FULL_CONTROL</Permission></Grant></AccessControlList>"
-            "</AccessControlPolicy>").encode()
