@@ -5,8 +5,10 @@ TCP ceiling and the same data read from local disk.
 
 Sequential write and read of one file (1 MiB pieces; FUSE with dd, and fio when installed), then random
 4 KiB and 64 KiB reads. Baselines: `loopback_gbps` of benchmarks/throughput.py (a bare Python TCP
-stream, measured before and after) and a local file on this machine's disk (page cache dropped with
-posix_fadvise before each cold read). Sequential reads run in 3 interleaved rounds, best of each. Prints GB/s (10^9 B/s), IOPS, and the ratios the goals name:
+stream, measured before and after), a local file on this machine's disk (page cache dropped with
+posix_fadvise before each cold read), and the reference server of benchmarks/refserver.py (three plain
+Python server processes preadv-ing the same data from the page cache, 64 IOs per request: what Python
+can do here). Sequential reads run in 3 interleaved rounds, best of each. Prints GB/s (10^9 B/s), IOPS, and the ratios the goals name:
 FUSE sequential read / batch read (goal >= 0.8) and batch read / loopback (goal >= 0.8). The machine
 is shared and noisy: compare ratios within one run.
 """
@@ -26,6 +28,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
+from refserver import IOS_PER_REQUEST, RefServers  # noqa: E402
 from throughput import loopback_gbps  # noqa: E402
 
 from benchmarks.common import local_cluster  # noqa: E402
@@ -160,8 +163,11 @@ def run(fs: Client, mnt: str | None, tmp: str, total: int) -> list[tuple[str, st
     out.append(("write", "file object write(1 MiB)", gbps(total, timed(lambda: file_write(fs, "/seq-f", data, total)))))
     if mnt:
         out.append(("write", "FUSE dd bs=1M", gbps(total, dd(local, f"{mnt}/seq-d", total))))
+    ref = RefServers(local, IOS_PER_REQUEST * PIECE).__enter__()
+    seq_ios = [(o, PIECE) for o in range(0, total, PIECE)]
     reads = {  # interleaved rounds, best of each: the machine is shared and noisy
         "local disk dd bs=1M (cold)": lambda: (drop_cache(local), dd(local, "/dev/null", total))[1],
+        "reference server (1 MiB IOs)": lambda: len(seq_ios) / ref.read(seq_ios, None),
         "batch_read (1 MiB items)": lambda: timed(lambda: batch_read(fs, "/seq-b", buf, total)),
         "file object readinto(1 MiB)": lambda: timed(lambda: file_read(fs, "/seq-b", buf)),
     }
@@ -176,6 +182,8 @@ def run(fs: Client, mnt: str | None, tmp: str, total: int) -> list[tuple[str, st
     for size in (4096, 65536):
         label = f"{size // 1024} KiB"
         out.append((f"rand {label}", "local disk pread qd1 (cold)", pread_random(local, total, size)))
+        out.append((f"rand {label}", "reference server", ref.read(
+            [(o, size) for o in random_offsets(total, size, RANDOM_IOS)], RANDOM_SECONDS)))
         out.append((f"rand {label}", f"batch_read ({RANDOM_IOS} per batch)", batch_random(fs, "/seq-b", total, size)))
         out.append((f"rand {label}", "file object seek+read qd1", file_random(fs, "/seq-b", total, size)))
         if mnt:
@@ -186,6 +194,7 @@ def run(fs: Client, mnt: str | None, tmp: str, total: int) -> list[tuple[str, st
             r = fio(local, "randread", f"{size // 1024}k", 32, total)
             if r:
                 out.append((f"rand {label}", "local disk fio libaio qd32 direct", r["iops"]))
+    ref.__exit__(None, None, None)
     return out
 
 
@@ -194,6 +203,7 @@ def report(rows, ceiling_before: float, ceiling_after: float, total: int, args) 
     print(f"data: {total // MiB} MiB, {args.storage} storage services, R={args.replicas}, 1 MiB chunks")
     print(f"{'loopback TCP ceiling (before / after)':<48} {ceiling_before:7.2f} / {ceiling_after:.2f} GB/s")
     value = {name: v for _, name, v in rows}
+    value.update({f"{name}@{group[5:]}": v for group, name, v in rows if group.startswith("rand ")})
     for group, name, v in rows:
         unit = "GB/s" if group in ("read", "write") else "IOPS"
         extra = f"   {v / ceiling:5.2f}x ceiling" if unit == "GB/s" else f"   {v * int(group.split()[1]) * 1024 / 1e9:6.3f} GB/s"
@@ -206,6 +216,11 @@ def report(rows, ceiling_before: float, ceiling_after: float, total: int, args) 
             print(f"goal: FUSE sequential read / batch read = {fuse / batch:.2f} (>= 0.8); "
                   f"direct IO: {value['FUSE dd bs=4M iflag=direct'] / batch:.2f}")
         print(f"file object read / batch read = {value['file object readinto(1 MiB)'] / batch:.2f}")
+        print(f"goal: batch read / reference server = {batch / value['reference server (1 MiB IOs)']:.2f} (>= 0.9)")
+    for size in ("4 KiB", "64 KiB"):
+        mine, ref = value.get(f"batch_read ({RANDOM_IOS} per batch)@{size}"), value.get(f"reference server@{size}")
+        if mine and ref:
+            print(f"goal: batch_read random {size} / reference server = {mine / ref:.2f} (>= 0.7)")
 
 
 def main() -> None:
