@@ -11,11 +11,12 @@ import base64
 import binascii
 import hashlib
 import logging
+import time
 import uuid
 
 from threefs.client import UserCred
 from threefs.common.status import ThreeFSError
-from threefs.s3 import acl, cors, sigv4, tagging, xmlout
+from threefs.s3 import acl, cors, lifecycle, sigv4, tagging, xmlout
 from threefs.s3.errors import S3Error, from_threefs
 from threefs.s3.http import Request, Response
 from threefs.s3.keys import KeyStore
@@ -64,6 +65,7 @@ class Gateway(MultipartHandlers):
         self.keys = KeyStore(self.aio, f"{self.store.sys}/keys", self.config.token)
         await self.store.setup()
         self._sweeper = asyncio.ensure_future(self._sweep_loop())
+        self._lifecycle = asyncio.ensure_future(self._lifecycle_loop())
 
     async def _sweep_loop(self) -> None:
         """Remove what crashed PUTs left in .s3/tmp (runs until shutdown cancels it)."""
@@ -75,6 +77,22 @@ class Gateway(MultipartHandlers):
             except ThreeFSError as e:
                 log.warning("temp sweep failed: %s", e)
             await asyncio.sleep(SWEEP_INTERVAL_S)
+
+    async def _lifecycle_loop(self) -> None:
+        """Expire objects and abort uploads as buckets' lifecycle rules say (see lifecycle.py)."""
+        while True:
+            await asyncio.sleep(lifecycle.LIFECYCLE_INTERVAL_S)
+            if self.read_only:
+                continue
+            try:
+                done = await lifecycle.sweep(self.store, self.multipart, time.time())
+                if done["expired"] or done["aborted"]:
+                    log.info("lifecycle: %d objects expired, %d uploads aborted in %d buckets",
+                             done["expired"], done["aborted"], done["buckets"])
+            except (ThreeFSError, S3Error) as e:
+                log.warning("lifecycle pass failed (next one in %.0f s): %s", lifecycle.LIFECYCLE_INTERVAL_S, e)
+            except Exception:  # a bug: say so, and keep the loop (the next pass may succeed)
+                log.exception("lifecycle pass failed")
 
     # -- ASGI --------------------------------------------------------------------------------------
     async def __call__(self, scope, receive, send):
@@ -108,9 +126,10 @@ class Gateway(MultipartHandlers):
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
-                if getattr(self, "_sweeper", None) is not None:
-                    self._sweeper.cancel()
-                    await asyncio.gather(self._sweeper, return_exceptions=True)
+                for task in (getattr(self, "_sweeper", None), getattr(self, "_lifecycle", None)):
+                    if task is not None:
+                        task.cancel()
+                        await asyncio.gather(task, return_exceptions=True)
                 if self.aio is not None:
                     await self.aio.close()
                 await send({"type": "lifespan.shutdown.complete"})
@@ -240,7 +259,7 @@ class Gateway(MultipartHandlers):
         b, m = req.bucket, req.method
         if sub == "delete" and m == "POST":
             return await self.delete_objects(req)
-        if sub in ("tagging", "cors"):
+        if sub in ("tagging", "cors", "lifecycle"):
             return await self.bucket_config_op(req, sub)
         if sub == "acl":
             return await self.bucket_acl(req)
@@ -256,8 +275,6 @@ class Gateway(MultipartHandlers):
                 return Response(200, _XML, xmlout.simple("VersioningConfiguration"))
             if sub == "policy":
                 raise S3Error("NoSuchBucketPolicy", "the bucket policy does not exist")
-            if sub == "lifecycle":
-                raise S3Error("NoSuchLifecycleConfiguration", "the lifecycle configuration does not exist")
             if sub == "encryption":
                 raise S3Error("ServerSideEncryptionConfigurationNotFoundError", "no server-side encryption")
         raise S3Error("NotImplemented", f"the bucket sub-resource {sub!r} is not implemented for {m}", 501)
@@ -344,21 +361,27 @@ class Gateway(MultipartHandlers):
         raise denied
 
     async def bucket_config_op(self, req: Request, kind: str) -> Response:
-        """Get/Put/DeleteBucketTagging and Get/Put/DeleteBucketCors (the bucket owner's to change)."""
+        """Get/Put/Delete of a bucket's tagging, CORS and lifecycle configurations (the owner's to change)."""
         b, m = req.bucket, req.method
         if m == "GET":
             _, value = await self.store.bucket_config(b, kind, req.cred)
             if value is None:
-                if kind == "cors":
-                    raise S3Error("NoSuchCORSConfiguration", "The CORS configuration does not exist",
-                                  BucketName=b)
-                raise S3Error("NoSuchTagSet", "The TagSet does not exist", BucketName=b)
-            return Response(200, _XML, cors.to_xml(value) if kind == "cors" else tagging.to_xml(value))
+                code, what = {"cors": ("NoSuchCORSConfiguration", "CORS configuration"),
+                              "lifecycle": ("NoSuchLifecycleConfiguration", "lifecycle configuration"),
+                              "tagging": ("NoSuchTagSet", "TagSet")}[kind]
+                raise S3Error(code, f"The {what} does not exist", BucketName=b)
+            out = {"cors": cors.to_xml, "lifecycle": lifecycle.to_xml, "tagging": tagging.to_xml}[kind]
+            return Response(200, _XML, out(value))
         if m == "PUT":
             body = await req.read_small()
-            value = cors.from_xml(body) if kind == "cors" else tagging.from_xml(body, limit=BUCKET_TAGS_MAX)
+            if kind == "cors":
+                value = cors.from_xml(body)
+            elif kind == "lifecycle":
+                value = lifecycle.from_xml(body)
+            else:
+                value = tagging.from_xml(body, limit=BUCKET_TAGS_MAX)
             await self.store.set_bucket_config(b, kind, value or None, req.cred)
-            return Response(200 if kind == "cors" else 204)
+            return Response(204 if kind == "tagging" else 200)
         if m == "DELETE":
             await self.store.set_bucket_config(b, kind, None, req.cred)
             return Response(204)

@@ -80,7 +80,7 @@ def may(attr, cred: UserCred | None, want: int) -> bool:
     return bits & want == want
 
 
-BUCKET_CONFIGS = ("tagging", "cors", "acl")
+BUCKET_CONFIGS = ("tagging", "cors", "acl", "lifecycle")
 
 
 class Store:
