@@ -72,11 +72,12 @@ class EtcdCluster:
     """`members` etcd processes on loopback, each with its own data directory under `workdir`."""
 
     def __init__(self, workdir: str | os.PathLike, members: int = 3, host: str = "127.0.0.1",
-                 max_txn_ops: int = MAX_TXN_OPS):
+                 max_txn_ops: int = MAX_TXN_OPS, extra_args: list[str] | None = None):
         if members < 1:
             raise ThreeFSError(StatusCode.INVALID_ARGUMENT, f"an etcd cluster needs >= 1 member, not {members}")
         self.workdir = Path(workdir)
         self.max_txn_ops = max_txn_ops
+        self.extra_args = list(extra_args or [])  # more etcd flags, e.g. ["--unsafe-no-fsync"] for benchmarks
         self.token = f"threefs-{os.getpid()}-{time.monotonic_ns()}"
         self.members = [
             EtcdMember(f"m{i}", free_port(), free_port(), self.workdir / f"m{i}", host) for i in range(members)
@@ -119,7 +120,7 @@ class EtcdCluster:
             "--initial-cluster-state", state,
             "--auto-compaction-mode", "periodic", "--auto-compaction-retention", COMPACTION_RETENTION,
             "--max-request-bytes", str(MAX_REQUEST_BYTES), "--max-txn-ops", str(self.max_txn_ops),
-            "--heartbeat-interval", "100", "--election-timeout", "1000",
+            "--heartbeat-interval", "100", "--election-timeout", "1000", *self.extra_args,
         ]
         log = open(self.workdir / f"{member.name}.log", "ab")  # noqa: SIM115 - owned by the child
         try:
