@@ -2,7 +2,8 @@
 etcd beside SQLite.
 
     .venv/bin/python benchmarks/scaleout.py reads [--hosts 1,2,3,4] [--mbit 200] [--mib 48]
-    .venv/bin/python benchmarks/scaleout.py kv [--seconds 3] [--tasks 1,8]
+    .venv/bin/python benchmarks/scaleout.py kv [--seconds 3] [--tasks 1,8] [--no-fsync]
+    .venv/bin/python benchmarks/scaleout.py creates [--clients 8] [--files 800] [--repeats 1]
 
 reads (root: network namespaces, threefs/testing/netns.py): hosts ctl (mgmtd + meta), s1..sN (one storage
 service each, link capped to --mbit each way with tbf) and cli (uncapped), started with `threefs up --spec`.
@@ -12,7 +13,12 @@ Chain table R=1, 2 targets per host, so a file's chunks spread over every host. 
 
 kv: one process, `--tasks` concurrent asyncio tasks each running `engine.run` on a transaction shaped like a
 create (read a parent key, write an entry and an inode) for --seconds, on SQLite (a file) and on a real
-3-member etcd cluster on loopback (threefs/testing/etcd_cluster.py).
+3-member etcd cluster on loopback (threefs/testing/etcd_cluster.py), beside plain etcd Txns (a guarded put of
+two keys) through the same client library (httpx) at the same concurrency. Goal: engine >= 0.5x plain.
+--no-fsync repeats the etcd rows on a cluster run with --unsafe-no-fsync (not a product figure).
+
+creates: threefs file creates/s with --clients client processes on a local cluster (3 storage, R=3, 2 meta)
+keeping metadata on SQLite, then on a 3-member etcd. Goal: etcd >= 0.5x SQLite.
 """
 
 from __future__ import annotations
@@ -201,6 +207,33 @@ def cmd_kv(args) -> None:
                           f"{label}  (goal >= 0.5x); load {open('/proc/loadavg').read().split()[:3]}", flush=True)
 
 
+# -- creates -------------------------------------------------------------------------------------------
+def cmd_creates(args) -> None:
+    """threefs creates/s (open O_CREAT|O_EXCL + close, metadata.py's create phase, one process per client)
+    on a local cluster whose mgmtd + 2 meta keep the metadata on SQLite, then on a 3-member etcd."""
+    from benchmarks.metadata import run_system  # the mdtest-like driver: barrier-timed client processes
+    from threefs.cli.cluster import LocalCluster
+
+    print(f"threefs creates/s, {args.clients} client processes, {args.files} files in all; "
+          f"load {open('/proc/loadavg').read().split()[:3]}")
+    with tempfile.TemporaryDirectory(prefix="threefs-creates-") as tmp:
+        with EtcdCluster(Path(tmp) / "etcd", members=3) as etcd:
+            rates = {}
+            for rep in range(args.repeats):
+                for name, kv in (("sqlite", ""), ("etcd x3", etcd.kv_url(f"fs{rep}"))):
+                    cluster = LocalCluster(os.path.join(tmp, f"cluster-{name.split()[0]}-{rep}"))
+                    cluster.up(3, 3, meta=2, kv=kv)
+                    try:
+                        rate = run_system("threefs", str(cluster.client_config_path), args.clients, args.files,
+                                          f"r{rep}")["create"]
+                    finally:
+                        cluster.down()
+                    rates[name] = max(rates.get(name, 0.0), rate)
+                    print(f"  {name:8} run {rep + 1}: {rate:7.0f} creates/s; load "
+                          f"{open('/proc/loadavg').read().split()[:3]}", flush=True)
+            print(f"  -> etcd / sqlite = {rates['etcd x3'] / rates['sqlite']:.2f}x (best runs; goal >= 0.5x)")
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_client":
         client_main(*sys.argv[2:5])
@@ -218,6 +251,11 @@ def main() -> None:
     k.add_argument("--no-fsync", action="store_true", help="also a cluster with --unsafe-no-fsync (not the "
                    "product figure: shows what etcd's fsync costs)")
     k.set_defaults(fn=cmd_kv)
+    c = sub.add_parser("creates")
+    c.add_argument("--clients", type=int, default=8)
+    c.add_argument("--files", type=int, default=800)
+    c.add_argument("--repeats", type=int, default=1)
+    c.set_defaults(fn=cmd_creates)
     args = p.parse_args()
     args.fn(args)
 

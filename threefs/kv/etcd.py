@@ -64,6 +64,11 @@ from threefs.kv.api import MVCC_WINDOW_S, KVEngine, Transaction
 from threefs.kv.txn import BufferedTransaction, Range, WriteBuffer, check_key, coalesce, find_overlap, key_after
 
 log = logging.getLogger(__name__)
+# httpx logs every request at INFO: in a service that is a log line per KV read and commit. Quiet unless the
+# process chose a level for it.
+for _name in ("httpx", "httpcore"):
+    if logging.getLogger(_name).level == logging.NOTSET:
+        logging.getLogger(_name).setLevel(logging.WARNING)
 
 DEFAULT_PREFIX = "threefs"
 ENDPOINTS_MAX = 16
