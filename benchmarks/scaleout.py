@@ -14,7 +14,7 @@ Chain table R=1, 2 targets per host, so a file's chunks spread over every host. 
 kv: one process, `--tasks` concurrent asyncio tasks each running `engine.run` on a transaction shaped like a
 create (read a parent key, write an entry and an inode) for --seconds, on SQLite (a file) and on a real
 3-member etcd cluster on loopback (threefs/testing/etcd_cluster.py), beside plain etcd Txns (a guarded put of
-two keys) through the same client library (httpx) at the same concurrency. Goal: engine >= 0.5x plain.
+two keys) through the same client library (grpcio) at the same concurrency. Goal: engine >= 0.5x plain.
 --no-fsync repeats the etcd rows on a cluster run with --unsafe-no-fsync (not a product figure).
 
 creates: threefs file creates/s with --clients client processes on a local cluster (3 storage, R=3, 2 meta)
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import os
 import sys
 import tempfile
@@ -33,11 +32,12 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
+import grpc
 
 # The repo instead of this directory: benchmarks/queue.py would shadow the standard library's queue.
 sys.path[0] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
+from threefs.kv import etcd_wire as wire  # noqa: E402
 from threefs.kv import open_engine  # noqa: E402
 from threefs.testing.etcd_cluster import EtcdCluster  # noqa: E402
 from threefs.testing.netns import NetLab  # noqa: E402
@@ -158,24 +158,24 @@ async def kv_rate(url: str, tasks: int, seconds: float) -> float:
 
 
 async def plain_etcd_rate(endpoint: str, tasks: int, seconds: float) -> float:
-    """The reference: plain etcd Txns through the same client library (httpx, JSON gateway) at the same
-    concurrency, each a guarded put of two keys (compare the entry key absent; put entry and inode)."""
-    b64 = lambda data: base64.b64encode(data).decode()  # noqa: E731
+    """The reference: plain etcd Txns through the same client library (grpcio, the engine's etcd_wire
+    messages) at the same concurrency, each a guarded put of two keys (entry key absent -> put entry and inode)."""
     done = 0
     stop = time.monotonic() + seconds
     run = os.urandom(4).hex().encode()
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(timeout=10, limits=limits) as client:
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        txn = channel.unary_unary(wire.METHODS["txn"])
+
         async def worker(w: int) -> None:
             nonlocal done
             i = 0
             while time.monotonic() < stop:
                 entry, inode = b"plain/%s/dentry/%d/%d" % (run, w, i), b"plain/%s/inode/%d/%d" % (run, w, i)
-                body = {"compare": [{"key": b64(entry), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
-                        "success": [{"request_put": {"key": b64(entry), "value": b64(b"x" * 64)}},
-                                    {"request_put": {"key": b64(inode), "value": b64(b"y" * 128)}}]}
-                reply = (await client.post(f"http://{endpoint}/v3/kv/txn", json=body)).json()
-                assert reply.get("succeeded"), reply
+                request = wire.txn_request([wire.compare(entry, wire.CREATE, wire.EQUAL, 0)],
+                                           [wire.op_put(wire.put_request(entry, b"x" * 64)),
+                                            wire.op_put(wire.put_request(inode, b"y" * 128))])
+                reply = wire.txn_response(await txn(request, timeout=10))
+                assert reply["succeeded"], reply
                 done += 1
                 i += 1
 

@@ -4,7 +4,6 @@ fixture): URLs, refused limits, write-log GC, and serving through the loss of a 
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from threefs.common.status import KVConflictError, StatusCode, ThreeFSError
 from threefs.kv import open_engine
+from threefs.kv import etcd_wire as wire
 from threefs.kv.etcd import EtcdEngine, parse_etcd_url
 from threefs.common.net import free_port
 from threefs.testing.etcd_cluster import EtcdCluster, etcd_available, shared_etcd
@@ -44,14 +44,9 @@ def test_unreachable_cluster_is_unavailable():
     asyncio.run(body())
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
 async def _count(engine: EtcdEngine, prefix: bytes) -> int:
-    reply = await engine.call("range", {"key": _b64(prefix), "range_end": _b64(prefix[:-1] + b"0"),
-                                        "count_only": True})
-    return int(reply.get("count", 0))
+    reply = await engine.call("range", wire.range_request(prefix, prefix[:-1] + b"0", count_only=True))
+    return reply["count"]
 
 
 def test_markers_and_logs_expire_with_their_lease(tmp_path: Path):
@@ -130,10 +125,10 @@ def test_a_resent_commit_applies_once(tmp_path: Path):
             sent: list[dict] = []
             call = engine.call
 
-            async def recording_call(path, body):
-                if path == "txn" and any("request_put" in op for op in body.get("success", [])):
-                    sent.append(body)
-                return await call(path, body)
+            async def recording_call(path, request):
+                if path == "txn" and b"/d/a" in request:  # the commit (reads send other txns)
+                    sent.append(request)
+                return await call(path, request)
 
             engine.call = recording_call  # type: ignore[method-assign]
             first = await tr.commit()

@@ -1,7 +1,7 @@
 """The KV engine on an etcd cluster: `open_engine("etcd://host:port[,host:port...][/prefix]")`.
 
 Metadata on etcd survives the loss of a host: with 3 members any one may fail and the KV keeps serving.
-Spoken through etcd 3.4's JSON gRPC gateway (/v3/kv/*, /v3/lease/*) with httpx. Design, semantics argument
+Spoken over etcd 3.4's gRPC API with grpcio (messages hand-encoded: threefs.kv.etcd_wire). Design, semantics argument
 and measured figures: docs/etcd.md.
 
 Layout under `prefix` (default "threefs"):
@@ -47,7 +47,6 @@ message. Run etcd with the flags in threefs.testing.etcd_cluster (16 MiB, 100,00
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import os
 import time
@@ -56,26 +55,23 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-import httpx
+import grpc
 import msgspec
 
 from threefs.common.status import KVConflictError, StatusCode, ThreeFSError, status_error
+from threefs.kv import etcd_wire as wire
 from threefs.kv.api import MVCC_WINDOW_S, KVEngine, Transaction
 from threefs.kv.txn import BufferedTransaction, Range, WriteBuffer, check_key, coalesce, find_overlap, key_after
 
 log = logging.getLogger(__name__)
-# httpx logs every request at INFO: in a service that is a log line per KV read and commit. Quiet unless the
-# process chose a level for it.
-for _name in ("httpx", "httpcore"):
-    if logging.getLogger(_name).level == logging.NOTSET:
-        logging.getLogger(_name).setLevel(logging.WARNING)
 
 DEFAULT_PREFIX = "threefs"
 ENDPOINTS_MAX = 16
 REQUEST_TIMEOUT_S = 3.0  # one HTTP request to one member; then the next member is tried
 REQUEST_DEADLINE_S = 15.0  # all members, retried: longer than an etcd leader election
 RETRY_PAUSE_S = 0.1  # between rounds over all members
-POOL_CONNECTIONS = 64  # HTTP/1.1: one request per connection at a time; above the batches in flight
+HEDGE_S = 0.5  # a member silent for this long gets the request sent to the next member too
+MESSAGE_BYTES_MAX = 64 << 20  # gRPC's receive limit (default 4 MiB) raised above etcd's request limit
 COMMIT_ATTEMPTS_MAX = 50  # rounds lost to clear_range commits (each checked exactly) before KV_CONFLICT
 RANGE_PAGE = 1000  # keys per range request
 LEASE_TTL_S = 20  # markers, clear_range log entries and tokens live at least 3/4 of it (15 s >> MVCC window)
@@ -89,6 +85,8 @@ READS_IN_FLIGHT = 1
 
 _TRANSIENT_ERRORS = ("no leader", "leader changed", "timed out", "not capable", "unhealthy", "stopped",
                      "too many requests", "connection", "future revision", "lease not found")
+_TRANSIENT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                    grpc.StatusCode.UNKNOWN)
 _TOO_LARGE_ERRORS = ("too many operations", "request is too large", "message larger than max",
                      "received message larger")
 _LOG_ENCODER = msgspec.msgpack.Encoder()
@@ -96,18 +94,6 @@ _LOG_DECODER = msgspec.msgpack.Decoder(list[tuple[bytes, bytes]])
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.b64decode(text)
-
-
-def _span(begin: bytes, end: bytes) -> dict[str, str]:
-    return {"key": _b64(begin), "range_end": _b64(end)}
 
 
 def _kvs(response: dict[str, Any]) -> list[dict[str, Any]]:
@@ -184,7 +170,7 @@ class EtcdEngine(KVEngine):
         if not endpoints or len(endpoints) > ENDPOINTS_MAX:
             raise ThreeFSError(StatusCode.INVALID_ARGUMENT, f"etcd KV needs 1..{ENDPOINTS_MAX} endpoints, "
                                f"got {len(endpoints)}")
-        self.endpoints = [f"http://{e}" for e in endpoints]
+        self.endpoints = list(endpoints)
         base = prefix.encode()
         self.data_prefix = base + b"/d/"
         self.marker_prefix = base + b"/w/"
@@ -201,11 +187,11 @@ class EtcdEngine(KVEngine):
                                f"4/3 of the MVCC window ({window_s} s)")
         self.lease_ttl_s = lease_ttl_s
         self._current = 0  # index of the endpoint that answered last
-        self._client: httpx.AsyncClient | None = None
+        self._channels: dict[int, tuple[grpc.aio.Channel, dict[str, Any]]] = {}
         self._closed = False
         self._engine_id = os.urandom(6).hex().encode()
         self._commit_seq = 0
-        self._lease: tuple[str, float] | None = None  # (lease id, monotonic time after which it is not used)
+        self._lease: tuple[int, float] | None = None  # (lease id, monotonic time after which it is not used)
         self._lease_lock = asyncio.Lock()
         self._grv = _Batcher(self._send_grv, 1, lambda items: list(range(len(items))))
         self._reads = _Batcher(self._send_reads, READS_IN_FLIGHT,
@@ -223,50 +209,80 @@ class EtcdEngine(KVEngine):
 
     async def close(self) -> None:
         self._closed = True
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        channels, self._channels = self._channels, {}
+        for channel, _ in channels.values():
+            await channel.close()
 
     # -- requests -------------------------------------------------------------------------------------------
-    async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST `body` to /v3/`path` ("kv/txn", "lease/grant", ...; a bare name means kv/name) on a live
-        member; failover to the others until REQUEST_DEADLINE_S."""
+    def _stubs(self, index: int) -> dict[str, Any]:
+        """The unary-call stubs of endpoint `index` (one HTTP/2 channel each: requests are multiplexed, so the
+        channel is the connection pool, whatever the concurrency)."""
+        entry = self._channels.get(index)
+        if entry is None:
+            options = [("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
+                       ("grpc.max_send_message_length", MESSAGE_BYTES_MAX)]
+            channel = grpc.aio.insecure_channel(self.endpoints[index], options=options)
+            stubs = {name: channel.unary_unary(method) for name, method in wire.METHODS.items()}
+            entry = self._channels[index] = (channel, stubs)
+        return entry[1]
+
+    async def call(self, path: str, request: bytes) -> dict[str, Any]:
+        """Send `request` (etcd_wire bytes) as "range", "txn" or "lease/grant" to a live member and decode the
+        reply. A member that has not answered within HEDGE_S gets company: the same request goes to the next
+        member too and the first answer wins (a cut-off member would otherwise stall every caller for
+        REQUEST_TIMEOUT_S; commits are safe to send twice, their token makes them apply once). Members that
+        fail are passed over until REQUEST_DEADLINE_S."""
         if self._closed:
             raise status_error(StatusCode.KV_ERROR, f"etcd KV {self.endpoints} is closed")
-        if "/" not in path:
-            path = f"kv/{path}"
-        if self._client is None:
-            limits = httpx.Limits(max_connections=POOL_CONNECTIONS, max_keepalive_connections=POOL_CONNECTIONS)
-            self._client = httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits)
+        decode = wire.DECODERS[path]
         deadline = time.monotonic() + self.request_deadline_s
         errors: list[str] = []
+        n = len(self.endpoints)
         while True:  # bounded by the deadline
-            for _ in range(len(self.endpoints)):
-                current = self._current
-                endpoint = self.endpoints[current]
-                self.stats["requests"] += 1
-                try:
-                    response = await self._client.post(f"{endpoint}/v3/{path}", json=body)
-                    reply = response.json()
-                except (httpx.HTTPError, ValueError) as exc:
-                    errors.append(f"{endpoint}: {type(exc).__name__} {exc}")
-                else:
-                    if response.status_code == 200:
-                        return reply
-                    message = str(reply.get("error") or reply.get("message") or response.text)
-                    self._raise_permanent(message)
-                    errors.append(f"{endpoint}: {message}")
-                    if "lease not found" in message.lower():
-                        self._lease = None
-                        raise _LeaseLost(message)
-                    if "future revision" in message.lower():
-                        await asyncio.sleep(0.005)  # this member lags the one that gave the read version
-                if self._current == current:  # a concurrent request may have moved on already
-                    self._current = (current + 1) % len(self.endpoints)
+            first = self._current
+            order = [(first + i) % n for i in range(n)]
+            running: dict[asyncio.Task, int] = {}
+            try:
+                while order or running:  # each endpoint tried at most once per round
+                    if order and not running:
+                        index = order.pop(0)
+                        running[asyncio.ensure_future(self._attempt(index, path, request))] = index
+                    done, _ = await asyncio.wait(running, timeout=HEDGE_S if order else None,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    if not done:  # slow: ask the next member as well
+                        index = order.pop(0)
+                        running[asyncio.ensure_future(self._attempt(index, path, request))] = index
+                        continue
+                    for task in done:
+                        index = running.pop(task)
+                        exc = task.exception()
+                        if exc is None:
+                            self._current = index
+                            return decode(task.result())
+                        if not isinstance(exc, grpc.aio.AioRpcError):
+                            raise exc
+                        message = exc.details() or str(exc.code())
+                        errors.append(f"{self.endpoints[index]}: {exc.code().name} {message}")
+                        if exc.code() not in _TRANSIENT_CODES:
+                            self._raise_permanent(message)
+                        if "lease not found" in message.lower():
+                            self._lease = None
+                            raise _LeaseLost(message)
+                        if "future revision" in message.lower():
+                            await asyncio.sleep(0.005)  # this member lags the one that gave the read version
+                        if self._current == index:  # others may have moved on already
+                            self._current = (index + 1) % n
+            finally:
+                for task in running:
+                    task.cancel()
             if time.monotonic() + RETRY_PAUSE_S > deadline:
                 raise status_error(StatusCode.UNAVAILABLE, f"etcd KV: no member answered within "
                                    f"{self.request_deadline_s} s; last errors: {'; '.join(errors[-3:])}")
             await asyncio.sleep(RETRY_PAUSE_S)
+
+    async def _attempt(self, index: int, path: str, request: bytes) -> bytes:
+        self.stats["requests"] += 1
+        return await self._stubs(index)[path](request, timeout=REQUEST_TIMEOUT_S)
 
     @staticmethod
     def _raise_permanent(message: str) -> None:
@@ -287,7 +303,7 @@ class EtcdEngine(KVEngine):
     def marker(self, key: bytes) -> bytes:
         return self.marker_prefix + key
 
-    async def lease(self) -> str:
+    async def lease(self) -> int:
         """The lease new markers, log entries and tokens are attached to (a new one every quarter of the TTL)."""
         lease = self._lease
         if lease is not None and time.monotonic() < lease[1]:
@@ -296,8 +312,10 @@ class EtcdEngine(KVEngine):
             lease = self._lease
             if lease is None or time.monotonic() >= lease[1]:
                 start = time.monotonic()  # the lease's clock starts at etcd after this: a safe under-estimate
-                reply = await self.call("lease/grant", {"TTL": self.lease_ttl_s})
-                lease = self._lease = (str(reply["ID"]), start + self.lease_ttl_s / 4)
+                reply = await self.call("lease/grant", wire.lease_grant_request(self.lease_ttl_s))
+                if reply["error"] or not reply["ID"]:
+                    raise status_error(StatusCode.KV_ERROR, f"etcd KV: no lease granted: {reply['error']}")
+                lease = self._lease = (reply["ID"], start + self.lease_ttl_s / 4)
             return lease[0]
 
     # -- read versions and reads ----------------------------------------------------------------------------
@@ -307,21 +325,19 @@ class EtcdEngine(KVEngine):
 
     async def _send_grv(self, items: list[None]) -> list[int]:
         self.stats["grv"] += 1
-        reply = await self.call("range", {"key": _b64(self.clear_counter), "keys_only": True})
-        return [int(reply["header"]["revision"])] * len(items)
+        reply = await self.call("range", wire.range_request(self.clear_counter, keys_only=True))
+        return [reply["header"]["revision"]] * len(items)
 
     def read_version_blocking(self) -> int:
         """The same as read_version, for the synchronous read_version hook (see _EtcdTransaction)."""
         errors = []
+        request = wire.range_request(self.clear_counter, keys_only=True)
         for endpoint in self.endpoints[self._current:] + self.endpoints[: self._current]:
             try:
-                response = httpx.post(f"{endpoint}/v3/kv/range", json={"key": _b64(self.clear_counter),
-                                                                      "keys_only": True},
-                                      timeout=REQUEST_TIMEOUT_S)
-                if response.status_code == 200:
-                    return int(response.json()["header"]["revision"])
-                errors.append(response.text)
-            except (httpx.HTTPError, ValueError) as exc:
+                with grpc.insecure_channel(endpoint) as channel:
+                    raw = channel.unary_unary(wire.METHODS["range"])(request, timeout=REQUEST_TIMEOUT_S)
+                return wire.range_response(raw)["header"]["revision"]
+            except grpc.RpcError as exc:
                 errors.append(f"{endpoint}: {exc}")
         raise status_error(StatusCode.UNAVAILABLE, f"etcd KV: no member answered: {'; '.join(errors[-3:])}")
 
@@ -338,19 +354,14 @@ class EtcdEngine(KVEngine):
         answers alike); a latest read makes the whole Txn linearizable and its header revision the version."""
         self.stats["read_batches"] += 1
         self.stats["reads"] += len(items)
-        ops = []
-        for key, revision in items:
-            op: dict[str, Any] = {"key": _b64(self.stored(key))}
-            if revision is not None:
-                op["revision"] = str(revision)
-                op["serializable"] = True
-            ops.append({"request_range": op})
-        reply = await self.call("txn", {"success": ops})
-        header_revision = int(reply["header"]["revision"])
+        ops = [wire.op_range(wire.range_request(self.stored(key), revision=revision or 0,
+                                                serializable=revision is not None)) for key, revision in items]
+        reply = await self.call("txn", wire.txn_request([], ops))
+        header_revision = reply["header"]["revision"]
         out: list[tuple[bytes | None, int]] = []
         for (_, revision), response in zip(items, reply.get("responses") or [{}] * len(items)):
             kvs = _kvs(response)
-            out.append((_unb64(kvs[0].get("value", "")) if kvs else None,
+            out.append((kvs[0]["value"] if kvs else None,
                         header_revision if revision is None else revision))
         return out
 
@@ -361,14 +372,14 @@ class EtcdEngine(KVEngine):
         rows: list[tuple[bytes, bytes]] = []
         while lo < hi:  # bounded: every page moves lo or hi past the keys it returned
             page = min(RANGE_PAGE, limit - len(rows)) if limit else RANGE_PAGE
-            reply = await self.call("range", {**_span(lo, hi), "revision": str(revision), "limit": str(page),
-                                              "serializable": True, "sort_target": "KEY",
-                                              "sort_order": "DESCEND" if reverse else "ASCEND"})
-            kvs = reply.get("kvs") or []
-            rows.extend((_unb64(i["key"])[len(self.data_prefix):], _unb64(i.get("value", ""))) for i in kvs)
+            reply = await self.call("range", wire.range_request(
+                lo, hi, revision=revision, limit=page, serializable=True,
+                sort_order=wire.DESCEND if reverse else wire.ASCEND))
+            kvs = reply["kvs"]
+            rows.extend((i["key"][len(self.data_prefix):], i["value"]) for i in kvs)
             if not reply.get("more") or not kvs or len(rows) == limit:
                 break
-            last = _unb64(kvs[-1]["key"])
+            last = kvs[-1]["key"]
             if reverse:
                 hi = last
             else:
@@ -401,21 +412,21 @@ class EtcdEngine(KVEngine):
         mod_revision, read at the same revision as the log."""
         assert commit.read_version is not None
         self.stats["clear_checks"] += 1
-        ops = [{"request_range": {**_span(self.clear_log_prefix, self.clear_log_prefix[:-1] + b"0"),
-                                  "min_mod_revision": str(commit.read_version + 1)}},
-               {"request_range": {"key": _b64(self.clear_counter), "keys_only": True}}]
-        reply = await self.call("txn", {"success": ops})
+        ops = [wire.op_range(wire.range_request(self.clear_log_prefix, self.clear_log_prefix[:-1] + b"0",
+                                                min_mod_revision=commit.read_version + 1)),
+               wire.op_range(wire.range_request(self.clear_counter, keys_only=True))]
+        reply = await self.call("txn", wire.txn_request([], ops))
         responses = reply.get("responses") or [{}, {}]
         begins = [r[0] for r in commit.reads]
         for item in _kvs(responses[0]):
-            for begin, end in _LOG_DECODER.decode(_unb64(item.get("value", ""))):
+            for begin, end in _LOG_DECODER.decode(item["value"]):
                 hit = find_overlap(commit.reads, begins, begin, end)
                 if hit is not None:
                     raise KVConflictError(StatusCode.KV_CONFLICT, f"KV conflict: range [{hit[0][:64]!r}, "
                                           f"{hit[1][:64]!r}) read at version {commit.read_version} was cleared "
                                           f"by the commit at revision {item['mod_revision']}")
         counter = _kvs(responses[1])
-        return int(counter[0]["mod_revision"]) if counter else 0
+        return counter[0]["mod_revision"] if counter else 0
 
     @staticmethod
     def _pick_independent(items: list[_Commit]) -> list[int]:
@@ -448,9 +459,9 @@ class EtcdEngine(KVEngine):
                 lease = await self.lease()
                 if len(batch) == 1:
                     reply = await self.call("txn", self._txn(batch[0], lease))
-                    return [self._outcome(batch[0], reply, int(reply["header"]["revision"]))]
-                ops = [{"request_txn": self._txn(c, lease)} for c in batch]
-                reply = await self.call("txn", {"success": ops})
+                    return [self._outcome(batch[0], reply, reply["header"]["revision"])]
+                ops = [wire.op_txn(self._txn(c, lease)) for c in batch]
+                reply = await self.call("txn", wire.txn_request([], ops))
             except _LeaseLost:
                 continue
             except ThreeFSError:
@@ -459,7 +470,7 @@ class EtcdEngine(KVEngine):
                 # The batch failed as a whole (too large, ...): each on its own, so only the culprit fails.
                 return list(await asyncio.gather(*(self._send_commits([c]) for c in batch),
                                                  return_exceptions=True))  # type: ignore[arg-type]
-            revision = int(reply["header"]["revision"])
+            revision = reply["header"]["revision"]
             return [self._outcome(c, r.get("response_txn") or {}, revision)
                     for c, r in zip(batch, reply.get("responses") or [])]
         raise status_error(StatusCode.UNAVAILABLE, "etcd KV: the commit lease kept disappearing")
@@ -470,68 +481,62 @@ class EtcdEngine(KVEngine):
         responses = reply.get("responses") or [{}, {}]
         token = _kvs(responses[0])
         if token:  # an earlier send of this very commit was applied (its reply was lost)
-            return "ok", int(token[0]["create_revision"])
+            return "ok", token[0]["create_revision"]
         if not commit.reads:
             return "ok", revision  # unreachable: without reads only the token is compared
         counter = _kvs(responses[1])
-        cr = int(counter[0]["mod_revision"]) if counter else 0
+        cr = counter[0]["mod_revision"] if counter else 0
         assert commit.read_version is not None
         moved = cr > commit.read_version if commit.cr_expected is None else cr != commit.cr_expected
         return ("clear" if moved else "conflict"), 0
 
-    def _txn(self, commit: _Commit, lease: str) -> dict[str, Any]:
+    def _txn(self, commit: _Commit, lease: int) -> bytes:
         """The etcd Txn of one commit: compares, writes, and a failure branch that tells why it failed."""
         token = self.token_prefix + commit.ident
-        compare: list[dict[str, Any]] = [{"key": _b64(token), "target": "CREATE", "result": "EQUAL",
-                                          "create_revision": "0"}]
+        compares = [wire.compare(token, wire.CREATE, wire.EQUAL, 0)]
         if commit.reads:
             assert commit.read_version is not None
-            below = str(commit.read_version + 1)
+            below = commit.read_version + 1
             for begin, end in commit.reads:
-                guard = {"key": _b64(self.marker(begin)), "target": "MOD", "result": "LESS", "mod_revision": below}
-                if end != key_after(begin):
-                    guard["range_end"] = _b64(self.marker(end))
-                compare.append(guard)
+                range_end = b"" if end == key_after(begin) else self.marker(end)
+                compares.append(wire.compare(self.marker(begin), wire.MOD, wire.LESS, below, range_end))
             if commit.cr_expected is None:
-                compare.append({"key": _b64(self.clear_counter), "target": "MOD", "result": "LESS",
-                                "mod_revision": below})
+                compares.append(wire.compare(self.clear_counter, wire.MOD, wire.LESS, below))
             else:
-                compare.append({"key": _b64(self.clear_counter), "target": "MOD", "result": "EQUAL",
-                                "mod_revision": str(commit.cr_expected)})
-        success = [{"request_put": {"key": _b64(token), "value": "", "lease": lease}}, *self._write_ops(commit, lease)]
-        failure = [{"request_range": {"key": _b64(token), "keys_only": True}},
-                   {"request_range": {"key": _b64(self.clear_counter), "keys_only": True}}]
-        return {"compare": compare, "success": success, "failure": failure}
+                compares.append(wire.compare(self.clear_counter, wire.MOD, wire.EQUAL, commit.cr_expected))
+        success = [wire.op_put(wire.put_request(token, b"", lease)), *self._write_ops(commit, lease)]
+        failure = [wire.op_range(wire.range_request(token, keys_only=True)),
+                   wire.op_range(wire.range_request(self.clear_counter, keys_only=True))]
+        return wire.txn_request(compares, success, failure)
 
-    def _write_ops(self, commit: _Commit, lease: str) -> list[dict[str, Any]]:
+    def _write_ops(self, commit: _Commit, lease: int) -> list[bytes]:
         """The etcd ops of the writes. etcd refuses a put inside a delete_range of the same Txn, so each cleared
         range is cut around the keys set after it."""
         writes = commit.writes
-        ops: list[dict[str, Any]] = []
+        ops: list[bytes] = []
         set_keys = sorted(writes.ops)
         for begin, end in writes.cleared:
             cursor = begin
             for key in set_keys:
                 if cursor <= key < end:
                     if cursor < key:
-                        ops.append({"request_delete_range": _span(self.stored(cursor), self.stored(key))})
+                        ops.append(wire.op_delete(wire.delete_request(self.stored(cursor), self.stored(key))))
                     cursor = key_after(key)
             if cursor < end:
-                ops.append({"request_delete_range": _span(self.stored(cursor), self.stored(end))})
+                ops.append(wire.op_delete(wire.delete_request(self.stored(cursor), self.stored(end))))
         if writes.cleared:
             entry = _LOG_ENCODER.encode(writes.cleared)
-            ops.append({"request_put": {"key": _b64(self.clear_log_prefix + commit.ident), "value": _b64(entry),
-                                        "lease": lease}})
-            ops.append({"request_put": {"key": _b64(self.clear_counter), "value": ""}})
+            ops.append(wire.op_put(wire.put_request(self.clear_log_prefix + commit.ident, entry, lease)))
+            ops.append(wire.op_put(wire.put_request(self.clear_counter, b"")))
         marked = set(writes.ops)
         for key, value in writes.ops.items():
             if value is None:
-                ops.append({"request_delete_range": {"key": _b64(self.stored(key))}})
+                ops.append(wire.op_delete(wire.delete_request(self.stored(key))))
             else:
-                ops.append({"request_put": {"key": _b64(self.stored(key)), "value": _b64(value)}})
+                ops.append(wire.op_put(wire.put_request(self.stored(key), value)))
         marked.update(begin for begin, _ in writes.write_conflicts)
         for key in marked:
-            ops.append({"request_put": {"key": _b64(self.marker(key)), "value": "", "lease": lease}})
+            ops.append(wire.op_put(wire.put_request(self.marker(key), b"", lease)))
         return ops
 
 
