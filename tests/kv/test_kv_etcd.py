@@ -4,6 +4,7 @@ fixture): URLs, refused limits, write-log GC, and serving through the loss of a 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from pathlib import Path
 
@@ -191,6 +192,34 @@ def test_serves_through_the_loss_of_any_member(tmp_path: Path):
                     cluster.start_member(victim)
                 tr = engine.transaction()
                 assert int(await tr.get(b"counter")) == acked
+            finally:
+                await engine.close()
+
+        asyncio.run(body())
+
+
+def test_a_silent_member_is_passed_over(tmp_path: Path):
+    """A member that stops answering without closing connections (SIGSTOP: what a cut-off host looks like to
+    its clients) does not stall the engine: requests are hedged to the next member, every commit lands once."""
+    with EtcdCluster(tmp_path / "etcd", members=3) as cluster:
+        async def increment(tr):
+            value = await tr.get(b"counter")
+            tr.set(b"counter", b"%d" % (int(value or b"0") + 1))
+
+        async def body():
+            engine = await open_engine(cluster.kv_url("silent"))
+            try:
+                for _ in range(5):
+                    await engine.run(increment, timeout_s=30)
+                stopped = cluster.members[0].process
+                stopped.send_signal(signal.SIGSTOP)  # the engine's first endpoint
+                try:
+                    for _ in range(10):
+                        await engine.run(increment, timeout_s=30)
+                    assert engine._current != 0
+                finally:
+                    stopped.send_signal(signal.SIGCONT)
+                assert await engine.transaction().get(b"counter") == b"15"
             finally:
                 await engine.close()
 
