@@ -163,6 +163,20 @@ def test_too_many_ops_is_kv_too_large(tmp_path: Path):
                 assert info.value.code == StatusCode.KV_TOO_LARGE and "max-txn-ops" in str(info.value)
                 assert await engine.transaction().get_range(b"", b"\xff") == []
                 await engine.run(lambda tr: _set(tr, b"small", b"ok"))  # a smaller one still commits
+
+                async def big(tr):
+                    for i in range(200):
+                        tr.set(b"b%03d" % i, b"v")
+
+                # Submitted together, small and big commits may share an etcd Txn, which etcd refuses as a
+                # whole: each is then sent alone, so only the big one fails (either way, only it fails).
+                results = await asyncio.gather(engine.run(big, retries_max=0),
+                                               *(engine.run(lambda tr, i=i: _set(tr, b"s%d" % i, b"1"))
+                                                 for i in range(6)), return_exceptions=True)
+                assert isinstance(results[0], ThreeFSError) and results[0].code == StatusCode.KV_TOO_LARGE
+                assert results[1:] == [None] * 6
+                rows = dict(await engine.transaction().get_range(b"", b"\xff"))
+                assert rows == {b"small": b"ok", **{b"s%d" % i: b"1" for i in range(6)}}
             finally:
                 await engine.close()
 
