@@ -12,9 +12,10 @@ Layout under `prefix` (default "threefs"):
   prefix/cr     touched by every commit that has a clear_range
   prefix/t/ID   commit ID's exactly-once token (empty, with the current lease)
 
-- version = etcd revision. A transaction's read version is the revision of a linearizable read; concurrent
-  transactions of one engine share one such read (FoundationDB's GRV batching: a transaction waits for a read
-  *sent after it asked*, so it sees every commit acknowledged before). Reads are serializable etcd range
+- version = etcd revision. A transaction's read version is the revision of a linearizable read: its first
+  get (which returns the value too), or a bare read when it starts otherwise; concurrent transactions of one
+  engine share such reads (FoundationDB's GRV batching: a transaction waits for a read *sent after it asked*,
+  so it sees every commit acknowledged before). Reads are serializable etcd range
   requests at that revision, so etcd's MVCC is the snapshot until it compacts ("compacted" -> KV_TOO_OLD);
   concurrent point reads of one engine are coalesced into one read-only Txn.
 - Conflicts are etcd's own compares, evaluated atomically with the writes in one Txn, so commits that do not
@@ -39,7 +40,8 @@ Layout under `prefix` (default "threefs"):
   whole (too large, ...) is resent transaction by transaction, so only the culprit gets the error.
 
 Failover: the client knows every endpoint; a connection error, a timeout or "no leader" moves it to the next
-endpoint until REQUEST_DEADLINE_S. Limits: etcd refuses requests over --max-request-bytes (default 1.5 MiB)
+endpoint until REQUEST_DEADLINE_S, and a member silent for HEDGE_S gets the request sent to the next one too
+(first answer wins; commits are safe to send twice thanks to their token). Limits: etcd refuses requests over --max-request-bytes (default 1.5 MiB)
 and Txns with more than --max-txn-ops operations (default 128); both become KV_TOO_LARGE with the server's
 message. Run etcd with the flags in threefs.testing.etcd_cluster (16 MiB, 100,000 ops) to fit TXN_BYTES_MAX.
 """
