@@ -2,7 +2,8 @@
 etcd beside SQLite.
 
     .venv/bin/python benchmarks/scaleout.py reads [--hosts 1,2,3,4] [--mbit 200] [--mib 48]
-    .venv/bin/python benchmarks/scaleout.py kv [--seconds 3] [--tasks 1,8]
+    .venv/bin/python benchmarks/scaleout.py kv [--seconds 2] [--repeats 3] [--tasks 1,8] [--no-fsync]
+    .venv/bin/python benchmarks/scaleout.py creates [--clients 8] [--files 800] [--repeats 1]
 
 reads (root: network namespaces, threefs/testing/netns.py): hosts ctl (mgmtd + meta), s1..sN (one storage
 service each, link capped to --mbit each way with tbf) and cli (uncapped), started with `threefs up --spec`.
@@ -12,7 +13,12 @@ Chain table R=1, 2 targets per host, so a file's chunks spread over every host. 
 
 kv: one process, `--tasks` concurrent asyncio tasks each running `engine.run` on a transaction shaped like a
 create (read a parent key, write an entry and an inode) for --seconds, on SQLite (a file) and on a real
-3-member etcd cluster on loopback (threefs/testing/etcd_cluster.py).
+3-member etcd cluster on loopback (threefs/testing/etcd_cluster.py), beside plain etcd Txns (a guarded put of
+two keys) through the same client library (grpcio) at the same concurrency. Goal: engine >= 0.5x plain.
+--no-fsync repeats the etcd rows on a cluster run with --unsafe-no-fsync (not a product figure).
+
+creates: threefs file creates/s with --clients client processes on a local cluster (3 storage, R=3, 2 meta)
+keeping metadata on SQLite, then on a 3-member etcd. Goal: etcd >= 0.5x SQLite.
 """
 
 from __future__ import annotations
@@ -20,14 +26,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import grpc
 
+# The repo instead of this directory: benchmarks/queue.py would shadow the standard library's queue.
+sys.path[0] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+from threefs.kv import etcd_wire as wire  # noqa: E402
 from threefs.kv import open_engine  # noqa: E402
 from threefs.testing.etcd_cluster import EtcdCluster  # noqa: E402
 from threefs.testing.netns import NetLab  # noqa: E402
@@ -147,13 +158,88 @@ async def kv_rate(url: str, tasks: int, seconds: float) -> float:
         await engine.close()
 
 
+async def plain_etcd_rate(endpoint: str, tasks: int, seconds: float) -> float:
+    """The reference: plain etcd Txns through the same client library (grpcio, the engine's etcd_wire
+    messages) at the same concurrency, each a guarded put of two keys (entry key absent -> put entry and inode)."""
+    done = 0
+    stop = time.monotonic() + seconds
+    run = os.urandom(4).hex().encode()
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        txn = channel.unary_unary(wire.METHODS["txn"])
+
+        async def worker(w: int) -> None:
+            nonlocal done
+            i = 0
+            while time.monotonic() < stop:
+                entry, inode = b"plain/%s/dentry/%d/%d" % (run, w, i), b"plain/%s/inode/%d/%d" % (run, w, i)
+                request = wire.txn_request([wire.compare(entry, wire.CREATE, wire.EQUAL, 0)],
+                                           [wire.op_put(wire.put_request(entry, b"x" * 64)),
+                                            wire.op_put(wire.put_request(inode, b"y" * 128))])
+                reply = wire.txn_response(await txn(request, timeout=10))
+                assert reply["succeeded"], reply
+                done += 1
+                i += 1
+
+        start = time.monotonic()
+        await asyncio.gather(*(worker(w) for w in range(tasks)))
+        return done / (time.monotonic() - start)
+
+
 def cmd_kv(args) -> None:
+    print(f"create-shaped commits/s (read a parent key, write entry + inode), {args.seconds} s per sample, "
+          f"{args.repeats} interleaved samples per row (the machine is shared: the best counts, the median is "
+          f"shown too); load {open('/proc/loadavg').read().split()[:3]}")
     with tempfile.TemporaryDirectory(prefix="threefs-kvrate-") as tmp:
-        with EtcdCluster(Path(tmp) / "etcd", members=3) as etcd:
-            for tasks in [int(x) for x in args.tasks.split(",")]:
-                for name, url in (("sqlite", f"sqlite:///{tmp}/kv.db"), ("etcd x3", etcd.kv_url(f"b{tasks}"))):
-                    rate = asyncio.run(kv_rate(url, tasks, args.seconds))
-                    print(f"  {name:8} {tasks:2} tasks: {rate:7.0f} create-shaped commits/s", flush=True)
+        variants = [("", [])] + ([(" no-fsync", ["--unsafe-no-fsync"])] if args.no_fsync else [])
+        for label, extra in variants:
+            with EtcdCluster(Path(tmp) / f"etcd{label.strip()}", members=3, extra_args=extra) as etcd:
+                first = etcd.endpoints.split(",")[0]
+                for tasks in [int(x) for x in args.tasks.split(",")]:
+                    samples: dict[str, list[float]] = {}
+                    for rep in range(args.repeats):
+                        rows = [("etcd x3", lambda: kv_rate(etcd.kv_url(f"b{tasks}-{rep}"), tasks, args.seconds)),
+                                ("plain etcd txn", lambda: plain_etcd_rate(first, tasks, args.seconds))]
+                        if not label:
+                            rows.append(("sqlite", lambda: kv_rate(f"sqlite:///{tmp}/kv{tasks}-{rep}.db", tasks,
+                                                                   args.seconds)))
+                        for name, run in rows:
+                            samples.setdefault(name, []).append(asyncio.run(run()))
+                    for name, rates in samples.items():
+                        print(f"  {name + label:24} {tasks:2} tasks: best {max(rates):6.0f} /s  median "
+                              f"{statistics.median(rates):6.0f}  ({', '.join(f'{r:.0f}' for r in rates)})")
+                    ours, ref = samples["etcd x3"], samples["plain etcd txn"]
+                    paired = [a / b for a, b in zip(ours, ref)]
+                    print(f"  -> etcd engine / plain etcd txn{label}: best {max(ours) / max(ref):.2f}x, "
+                          f"median of paired samples {statistics.median(paired):.2f}x (goal >= 0.5x); load "
+                          f"{open('/proc/loadavg').read().split()[:3]}", flush=True)
+
+
+# -- creates -------------------------------------------------------------------------------------------
+def cmd_creates(args) -> None:
+    """threefs creates/s (open O_CREAT|O_EXCL + close, metadata.py's create phase, one process per client)
+    on a local cluster whose mgmtd + 2 meta keep the metadata on SQLite, then on a 3-member etcd."""
+    from benchmarks.metadata import run_system  # the mdtest-like driver: barrier-timed client processes
+    from threefs.cli.cluster import LocalCluster
+
+    print(f"threefs creates/s, {args.clients} client processes, {args.files} files in all; "
+          f"load {open('/proc/loadavg').read().split()[:3]}")
+    with tempfile.TemporaryDirectory(prefix="threefs-creates-") as tmp:
+        with EtcdCluster(Path(tmp) / "etcd", members=args.members) as etcd:
+            rates = {}
+            for rep in range(args.repeats):
+                for name, kv in (("sqlite", ""), ("etcd", etcd.kv_url(f"fs{rep}"))):
+                    cluster = LocalCluster(os.path.join(tmp, f"cluster-{name.split()[0]}-{rep}"))
+                    cluster.up(3, 3, meta=2, kv=kv)
+                    try:
+                        rate = run_system("threefs", str(cluster.client_config_path), args.clients, args.files,
+                                          f"r{rep}")["create"]
+                    finally:
+                        cluster.down()
+                    rates[name] = max(rates.get(name, 0.0), rate)
+                    print(f"  {name:8} run {rep + 1}: {rate:7.0f} creates/s; load "
+                          f"{open('/proc/loadavg').read().split()[:3]}", flush=True)
+            print(f"  -> etcd ({args.members} members) / sqlite = {rates['etcd'] / rates['sqlite']:.2f}x (best runs; "
+                  f"goal >= 0.5x)")
 
 
 def main() -> None:
@@ -168,9 +254,18 @@ def main() -> None:
     r.add_argument("--mib", type=int, default=48)
     r.set_defaults(fn=cmd_reads)
     k = sub.add_parser("kv")
-    k.add_argument("--seconds", type=float, default=3.0)
+    k.add_argument("--seconds", type=float, default=2.0)
+    k.add_argument("--repeats", type=int, default=3)
     k.add_argument("--tasks", default="1,8")
+    k.add_argument("--no-fsync", action="store_true", help="also a cluster with --unsafe-no-fsync (not the "
+                   "product figure: shows what etcd's fsync costs)")
     k.set_defaults(fn=cmd_kv)
+    c = sub.add_parser("creates")
+    c.add_argument("--clients", type=int, default=8)
+    c.add_argument("--files", type=int, default=800)
+    c.add_argument("--repeats", type=int, default=1)
+    c.add_argument("--members", type=int, default=3, help="etcd members (1: what one member costs, not HA)")
+    c.set_defaults(fn=cmd_creates)
     args = p.parse_args()
     args.fn(args)
 

@@ -72,14 +72,19 @@ class EtcdCluster:
     """`members` etcd processes on loopback, each with its own data directory under `workdir`."""
 
     def __init__(self, workdir: str | os.PathLike, members: int = 3, host: str = "127.0.0.1",
-                 max_txn_ops: int = MAX_TXN_OPS):
+                 max_txn_ops: int = MAX_TXN_OPS, extra_args: list[str] | None = None,
+                 hosts: list[str] | None = None):
         if members < 1:
             raise ThreeFSError(StatusCode.INVALID_ARGUMENT, f"an etcd cluster needs >= 1 member, not {members}")
         self.workdir = Path(workdir)
         self.max_txn_ops = max_txn_ops
+        self.extra_args = list(extra_args or [])  # more etcd flags, e.g. ["--unsafe-no-fsync"] for benchmarks
         self.token = f"threefs-{os.getpid()}-{time.monotonic_ns()}"
+        hosts = hosts or [host] * members  # one address per member (e.g. network-namespace hosts)
+        if len(hosts) != members:
+            raise ThreeFSError(StatusCode.INVALID_ARGUMENT, f"{len(hosts)} hosts for {members} etcd members")
         self.members = [
-            EtcdMember(f"m{i}", free_port(), free_port(), self.workdir / f"m{i}", host) for i in range(members)
+            EtcdMember(f"m{i}", free_port(), free_port(), self.workdir / f"m{i}", hosts[i]) for i in range(members)
         ]
 
     @property
@@ -119,16 +124,25 @@ class EtcdCluster:
             "--initial-cluster-state", state,
             "--auto-compaction-mode", "periodic", "--auto-compaction-retention", COMPACTION_RETENTION,
             "--max-request-bytes", str(MAX_REQUEST_BYTES), "--max-txn-ops", str(self.max_txn_ops),
-            "--heartbeat-interval", "100", "--election-timeout", "1000",
+            "--heartbeat-interval", "100", "--election-timeout", "1000", *self.extra_args,
         ]
         log = open(self.workdir / f"{member.name}.log", "ab")  # noqa: SIM115 - owned by the child
         try:
-            member.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                              preexec_fn=_die_with_parent)
+            member.process = self.spawn(index, argv, log)
         finally:
             log.close()
         if wait:
             self._wait_healthy(member)
+
+    def spawn(self, index: int, argv: list[str], log) -> subprocess.Popen:
+        """Start member `index`'s process (a subclass may start it elsewhere, e.g. in a network namespace)."""
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+
+    def health(self, member: EtcdMember) -> str:
+        """The body of the member's /health (raises OSError when it does not answer)."""
+        with urllib.request.urlopen(f"{member.client_url}/health", timeout=2) as resp:
+            return resp.read().decode()
 
     def stop_member(self, index: int, sig: int = signal.SIGKILL) -> None:
         """Stop one member (SIGKILL by default: a crash, not a goodbye)."""
@@ -158,8 +172,7 @@ class EtcdCluster:
                 raise ThreeFSError(StatusCode.UNAVAILABLE, f"etcd member {member.name} exited with "
                                    f"{member.process.returncode}; see {self.workdir}/{member.name}.log")
             try:
-                with urllib.request.urlopen(f"{member.client_url}/health", timeout=2) as resp:
-                    body = resp.read().decode()
+                body = self.health(member)
                 if '"true"' in body:
                     return
                 last = body
