@@ -116,15 +116,19 @@ def _blocks(pieces: Sequence[Tuple[str, int, int]], block_bytes: int):
 @dataclass(frozen=True)
 class Fault:
     """Kill the worker running task `index` of `phase` ("gensort", "partition", "sort") once, half-way through
-    its output; `flag` (a local path) records that it happened."""
+    its output; `flag` (a local path) records that it happened. With `kill_pid` (the driver's pid) that
+    process is killed first: the whole job dies mid-phase, as when its host goes down."""
     phase: str
     index: int
     flag: str
+    kill_pid: int = 0
 
     def maybe_die(self, phase: str, index: int) -> None:
         if phase == self.phase and index == self.index and not os.path.exists(self.flag):
             with open(self.flag, "w") as f:
                 f.write(f"{phase} {index} pid {os.getpid()} {time.time()}\n")
+            if self.kill_pid:
+                os.kill(self.kill_pid, signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
