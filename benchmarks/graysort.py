@@ -6,8 +6,10 @@ same records (docs/graysort.md).
 1. a local cluster (1 storage service, 1 replica) in a temporary directory on the local disk;
 2. gensort: the records, as `--input-files` files on threefs (timed apart: GraySort starts from its input);
 3. threefs GraySort: phase 1 (partition by key range into shuffle files) + phase 2 (sort each partition),
-   both through threefs, on pond's local executor with 2 workers; then valsort (timed apart);
-4. DuckDB: the same records (read back from threefs) as uncompressed Parquet files on the local disk, then
+   both through threefs, on pond's local executor with 2 workers; then valsort (timed apart). The input is
+   removed after phase 1 unless --keep-input (a shared disk may not hold input, shuffle and output at once);
+4. DuckDB: the same records (generated again, checksum equal to threefs's input) as uncompressed Parquet
+   files on the local disk, then
    `COPY (SELECT * FROM read_parquet(...) ORDER BY key) TO 'out.parquet'` (threads = CPUs,
    memory_limit --duckdb-memory, spilling to the local disk); the output is checked for count and order.
 
@@ -80,33 +82,31 @@ def own_cpu() -> float:
     return total
 
 
-def to_parquet(files, out_dir: str) -> int:
-    """The records of the threefs input files as Parquet (key: 10 bytes, payload: 90 bytes), one file each."""
+def write_parquet_inputs(manifest, out_dir: str) -> int:
+    """The records of the manifest generated again here (the generator is deterministic), one Parquet file per
+    input file (key: 10 bytes, payload: 90 bytes, uncompressed); returns their checksum, which must equal the
+    manifest's: DuckDB sorts the very records threefs sorted."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from threefs.pond.graysort import fileio, records as R
+    from threefs.pond.graysort import records as R
     os.makedirs(out_dir, exist_ok=True)
-    total = 0
-    for i, path in enumerate(files):
-        size = fileio.size(path)
-        writer = None
-        for off in range(0, size, 1 << 27):  # 128 MiB at a time
-            n = min(1 << 27, size - off) // R.RECORD * R.RECORD
-            recs = R.as_records(fileio.read_all([(path, off, n)]))
-            key = pa.FixedSizeBinaryArray.from_buffers(pa.binary(10), len(recs),
-                                                       [None, pa.py_buffer(np.ascontiguousarray(recs[:, :10]))])
-            pay = pa.FixedSizeBinaryArray.from_buffers(pa.binary(90), len(recs),
-                                                       [None, pa.py_buffer(np.ascontiguousarray(recs[:, 10:]))])
-            t = pa.table({"key": key, "payload": pay})
-            if writer is None:
-                writer = pq.ParquetWriter(os.path.join(out_dir, f"part-{i:05d}.parquet"), t.schema,
-                                          compression="none")
-            writer.write_table(t, row_group_size=1 << 20)
-            total += len(recs)
-        if writer is not None:
-            writer.close()
+    total, first = 0, manifest.first_record
+    block = 1 << 20
+    for i, n in enumerate(manifest.records_per_file):
+        with pq.ParquetWriter(os.path.join(out_dir, f"part-{i:05d}.parquet"),
+                              pa.schema([("key", pa.binary(10)), ("payload", pa.binary(90))]),
+                              compression="none") as writer:
+            for pos in range(0, n, block):
+                recs = R.gensort(first + pos, min(block, n - pos), manifest.skew)
+                total += R.checksum(recs)
+                key = pa.FixedSizeBinaryArray.from_buffers(pa.binary(10), len(recs),
+                                                           [None, pa.py_buffer(np.ascontiguousarray(recs[:, :10]))])
+                pay = pa.FixedSizeBinaryArray.from_buffers(pa.binary(90), len(recs),
+                                                           [None, pa.py_buffer(np.ascontiguousarray(recs[:, 10:]))])
+                writer.write_table(pa.table({"key": key, "payload": pay}), row_group_size=block)
+        first += n
     return total
 
 
@@ -158,6 +158,8 @@ def main() -> int:
     ap.add_argument("--cpus", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--duckdb-memory", default="8GB")
     ap.add_argument("--skip-duckdb", action="store_true")
+    ap.add_argument("--keep-input", action="store_true",
+                    help="keep the input on threefs during phase 2 (needs room for input, shuffle and output)")
     ap.add_argument("--dir", default=None, help="where the cluster and DuckDB's files go (default: a temp dir)")
     args = ap.parse_args()
     gib = 0.25 if args.short else args.gib
@@ -167,9 +169,10 @@ def main() -> int:
     nbytes = records * 100
     tmp = tempfile.mkdtemp(prefix="bench-graysort-", dir=args.dir)
     free = shutil.disk_usage(tmp).free
-    need = int(nbytes * 3.3) + (0 if args.skip_duckdb else 0)
+    need = int(nbytes * (3.3 if args.keep_input else 2.3))
     if free < need:
-        print(f"need about {need / 1e9:.1f} GB free under {tmp} (input, shuffle and output on threefs), "
+        print(f"need about {need / 1e9:.1f} GB free under {tmp} (shuffle and output on threefs, or DuckDB's input, "
+              "output and spill), "
               f"have {free / 1e9:.1f} GB; use --gib smaller or --dir elsewhere", file=sys.stderr)
         return 2
     print(f"GraySort benchmark: {records} records ({nbytes / 1e9:.3f} GB, {gib} GiB), {parts} partitions, "
@@ -191,24 +194,30 @@ def main() -> int:
             services = list(cluster.running().values())
             cpu0, svc0 = own_cpu(), proc_cpu(services)
             rep = G.graysort(f"{root}/input", f"{root}/output", parts, num_cpus=args.cpus, progress=True,
-                             validate=False)
-            cpu = own_cpu() - cpu0 + proc_cpu(services) - svc0
+                             validate=False, remove_input=not args.keep_input)
+            svc = proc_cpu(services) - svc0
+            cpu = own_cpu() - cpu0 + svc
             load_after = load()
             print(rep.summary())
-            print(f"load before {load_before}, after {load_after}; CPU seconds of the sort (driver, workers and "
-                  f"cluster services): {cpu:.1f}")
+            print(f"load before {load_before}, after {load_after}; CPU seconds of the sort: {cpu:.1f} (of which the "
+                  f"cluster services {svc:.1f}: {svc / (4 * nbytes / 1e9):.2f} s per GB moved; driver and workers "
+                  f"{(cpu - svc) / (nbytes / 1e9):.2f} s per GB sorted)")
             t = time.perf_counter()
             v = G.valsort(f"{root}/output", input_dir=f"{root}/input", num_cpus=args.cpus, progress=True)
             print(f"valsort: {time.perf_counter() - t:.1f} s\n{v.summary()}")
             rows["threefs"] = (rep.sort_seconds, rep.gb_per_min, f"{load_before} / {load_after}",
                                "valid" if v.ok else "INVALID", cpu)
-            if not args.skip_duckdb:
-                fileio.remove(f"{root}/output")
-                t = time.perf_counter()
-                n = to_parquet(m.files, os.path.join(tmp, "duck-in"))
-                print(f"DuckDB input: {n} records as Parquet on the local disk in {time.perf_counter() - t:.1f} s")
+            fileio.remove(f"{root}/output")
         shutil.rmtree(os.path.join(tmp, "cluster"), ignore_errors=True)  # the cluster's disk space, before DuckDB's
         if not args.skip_duckdb:
+            t = time.perf_counter()
+            sum_local = write_parquet_inputs(m, os.path.join(tmp, "duck-in"))
+            same = sum_local == m.checksum_int
+            print(f"DuckDB input: the {records} records generated again as Parquet on the local disk in "
+                  f"{time.perf_counter() - t:.1f} s; checksum {sum_local:x}, the same records: {same}")
+            if not same:
+                print("the records for DuckDB differ from threefs's", file=sys.stderr)
+                return 1
             load_before = load()
             cpu0 = own_cpu()
             out = os.path.join(tmp, "duck-out.parquet")

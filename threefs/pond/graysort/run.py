@@ -137,10 +137,14 @@ class SortReport:
 def graysort(input_dir: str, output_dir: str, partitions: int, *, sample: bool = False,
              data_root: Optional[str] = None, job_id: Optional[str] = None, executor: str = "local",
              num_cpus: Optional[int] = None, ray_address: Optional[str] = None, progress: bool = False,
-             validate: bool = True, fault: Optional[Fault] = None, memory: Optional[int] = None) -> SortReport:
+             validate: bool = True, fault: Optional[Fault] = None, memory: Optional[int] = None,
+             remove_input: bool = False) -> SortReport:
     """Sort the records of input_dir into output_dir/part-NNNNN.dat (partition j's keys all below partition
     j+1's): phase 1 partitions by key range through shuffle files, phase 2 sorts each partition; then (validate)
-    valsort checks the output against the input's count and checksum."""
+    valsort checks the output against the input's count and checksum (from its manifest).
+
+    remove_input: delete the input files once phase 1 is done (a disk that cannot hold input, shuffle and
+    output at once); the manifest stays, so validation still compares with the input's checksum."""
     files, manifest = input_files(input_dir)
     data_root = data_root or os.path.join(os.path.dirname(output_dir.rstrip("/")), "pond")
     fileio.makedirs(output_dir, CHUNK_SIZE)
@@ -156,6 +160,9 @@ def graysort(input_dir: str, output_dir: str, partitions: int, *, sample: bool =
         _, st = _phase(sp, "phase 1 (partition)", part)
         st.seconds += sample_s
         report.phases.append(st)
+        if remove_input:
+            for path in files.paths:
+                fileio.remove(path)
         sort = SortNode(ctx, (part,), output_dir, fault=fault)
         outs, st = _phase(sp, "phase 2 (sort)", sort)
         report.phases.append(st)
