@@ -167,6 +167,9 @@ def main() -> int:
     nfiles = args.input_files or parts
     records = int(gib * GIB) // 100
     nbytes = records * 100
+    from threefs.pond import graysort as G
+    from threefs.pond.graysort import fileio
+    from threefs.pond.io import filesystem as pfs
     tmp = tempfile.mkdtemp(prefix="bench-graysort-", dir=args.dir)
     free = shutil.disk_usage(tmp).free
     need = int(nbytes * (3.3 if args.keep_input else 2.3))
@@ -174,12 +177,10 @@ def main() -> int:
         print(f"need about {need / 1e9:.1f} GB free under {tmp} (shuffle and output on threefs, or DuckDB's input, "
               "output and spill), "
               f"have {free / 1e9:.1f} GB; use --gib smaller or --dir elsewhere", file=sys.stderr)
+        os.rmdir(tmp)
         return 2
     print(f"GraySort benchmark: {records} records ({nbytes / 1e9:.3f} GB, {gib} GiB), {parts} partitions, "
           f"{nfiles} input files, {args.cpus} workers; load {load()}")
-    from threefs.pond import graysort as G
-    from threefs.pond.graysort import fileio
-    from threefs.pond.io import filesystem as pfs
     rows = {}
     try:
         with local_cluster(tmp, storage=1, replicas=1, fuse=False) as (cluster, _):
