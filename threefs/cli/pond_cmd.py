@@ -86,7 +86,7 @@ def cmd_clean(args) -> int:
 
 def add_pond_parser(sub) -> None:
     """Register `threefs pond ...` on the `threefs` argument parser's subparsers."""
-    p = sub.add_parser("pond", help="pond data processing: sql, explain, jobs, clean")
+    p = sub.add_parser("pond", help="pond data processing: sql, explain, jobs, clean, gensort, graysort, valsort")
     cmds = p.add_subparsers(dest="pond_cmd", required=True)
     run = cmds.add_parser("sql", help="run a SQL query per partition of Parquet inputs")
     explain = cmds.add_parser("explain", help="show the optimized plan of a query")
@@ -112,3 +112,6 @@ def add_pond_parser(sub) -> None:
     clean.add_argument("data_root")
     clean.add_argument("job", help="job id or directory name")
     clean.set_defaults(fn=cmd_clean)
+    from threefs.cli.graysort_cmd import add_graysort_commands  # gensort, graysort, valsort (docs/graysort.md)
+
+    add_graysort_commands(cmds)

@@ -129,6 +129,7 @@ class Scheduler:
         self.progress = progress
         self.done: Dict[str, DataSet] = {}
         self.stats = JobStats()
+        self.progress_desc = "pond tasks"  # the progress bar's label (a caller may name its phase)
 
     def forget(self, predicate) -> None:
         """Drop results (and markers) of the tasks matching predicate(key) — recompute()."""
@@ -157,7 +158,7 @@ class Scheduler:
         return [self.done[t.key] for t in roots]
 
     def _loop(self, pending: List[Task]) -> None:
-        bar = _progress_bar(sum(1 for t in pending if not t.inline), self.progress)
+        bar = _progress_bar(sum(1 for t in pending if not t.inline), self.progress, self.progress_desc)
         running: Dict[object, tuple] = {}
         lost: Dict[str, int] = {}
         failed: Dict[str, int] = {}
@@ -241,11 +242,11 @@ class _NoBar:
     def close(self): pass
 
 
-def _progress_bar(total: int, enabled: bool):
+def _progress_bar(total: int, enabled: bool, desc: str = "pond tasks"):
     if not enabled or total == 0:
         return _NoBar()
     try:
         from tqdm import tqdm
     except ImportError:
         return _NoBar()
-    return tqdm(total=total, desc="pond tasks", unit="task", leave=False, file=sys.stderr)
+    return tqdm(total=total, desc=desc, unit="task", leave=False, file=sys.stderr)
