@@ -69,6 +69,7 @@ FILES_PER_CLASS_DEFAULT = 16
 GROUP_FALLOCATE_MAX = 64 * MiB  # bigger groups are fallocated one block at a time
 IO_PIECE = 4 * MiB  # bounds buffers of copies, verify and migration
 CACHE_MAX = 1 << 18  # chunk states kept in memory (write-through; cleared when full)
+METADATA_HEADROOM = 4 * MiB  # data may not take the last bytes: commits and removals must still fit
 _ZEROS = memoryview(bytes(1 * MiB))
 _FULL = (1 << GROUP_BLOCKS) - 1
 
@@ -265,6 +266,7 @@ class ChunkEngineV2:
         self._db = db
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA synchronous={'FULL' if self._fsync else 'NORMAL'}")
+        db.execute("PRAGMA wal_autocheckpoint=256")  # the WAL stays near 1 MiB (it fits the headroom)
         db.executescript(_SCHEMA)
         info = dict(db.execute("SELECT key, value FROM info"))
         if not info:
@@ -536,6 +538,10 @@ class ChunkEngineV2:
         else:
             start, length = pos_block(pos) * bs, bs
         try:
+            vfs = os.statvfs(self._block_dir)
+            if vfs.f_bavail * vfs.f_frsize < length + METADATA_HEADROOM:
+                raise OSError(errno.ENOSPC, f"{length} bytes for data would leave less than {METADATA_HEADROOM} "
+                              "bytes for the metadata store")
             os.posix_fallocate(fd, start, length)
             if self._fsync:
                 os.fsync(fd)  # the file size is metadata

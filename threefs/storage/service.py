@@ -31,6 +31,7 @@ from threefs.rpc.schemas import storage as ss
 from threefs.rpc.schemas.common import Empty
 from threefs.rpc.server import CallContext, rpc
 from threefs.storage.chunk_engine import ChunkEngine
+from threefs.storage.engines import open_chunk_engine
 from threefs.storage import craq
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,8 @@ class StorageService:
     def open_targets(self) -> None:
         for t in self.config.targets:
             os.makedirs(t.path, exist_ok=True)
-            self.engines[t.target_id] = ChunkEngine(t.path, fsync=self.config.fsync)
+            self.engines[t.target_id] = open_chunk_engine(t.path, t.engine or self.config.chunk_engine,
+                                                          fsync=self.config.fsync)
         log.info("opened %d targets", len(self.engines))
 
     def close(self) -> None:
