@@ -388,3 +388,17 @@ def test_kill_9_during_migration_resumes_and_loses_nothing(tmp_path):
         assert e.chunk_count() == 400
         assert all(committed(e, c) == d for c, d in model.items())
     assert check_target(str(root)).ok and not (root / "meta.log").exists()
+
+
+def test_crc_patch_matches_a_full_recompute():
+    from threefs.storage.crc_math import patch
+
+    rng = random.Random(11)
+    for _ in range(200):
+        length = rng.randrange(1, 20_000)
+        message = bytearray(rng.randbytes(length))
+        offset = rng.randrange(length)
+        new = rng.randbytes(rng.randrange(length - offset + 1))
+        crc, old = crc32c.crc32c(message), bytes(message[offset:offset + len(new)])
+        message[offset:offset + len(new)] = new
+        assert patch(crc, length, offset, old, new) == crc32c.crc32c(message)

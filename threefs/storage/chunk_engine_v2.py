@@ -23,8 +23,8 @@ Updates (a pending version never changes bytes the committed version or a reader
     small block of their own and the pending version is (committed block, overlay). Commit switches the
     metadata, then folds the overlay into the committed block (a pwrite of the written bytes: readers take
     that range from the overlay until the fold's metadata is persisted, so they never see a mix) and frees
-    the overlay with the next metadata transaction. The CRC of the new version still reads the rest of the
-    chunk (per-chunk CRC32C, from the page cache, no copy to disk);
+    the overlay with the next metadata transaction. The per-chunk CRC32C is patched from the bytes
+    replaced (`crc_math.patch`): the whole write is O(bytes written);
   * anything else (shrink, a write that straddles the end, growth past the block): copy-on-write to a new
     block (O(chunk size)).
 Freed blocks are not reused while a read that looked them up may still run (epochs of in-flight reads).
@@ -49,6 +49,7 @@ import msgspec
 
 from threefs.common.limits import CHUNK_SIZE_BYTES_MAX, MiB
 from threefs.common.status import StatusCode, ThreeFSError, status_error
+from threefs.storage import crc_math
 from threefs.storage.chunk_engine import (
     ChunkMeta,
     _as_byte_view,
@@ -817,13 +818,13 @@ class ChunkEngineV2:
             ov_pos = self._alloc(len(view))
             try:
                 self._pwrite(ov_pos, 0, [view])
+                before = memoryview(bytearray(len(view)))  # the bytes it replaces: the CRC is patched, O(n)
                 epoch = self._enter()
                 try:
-                    crc = self._crc_of(st.pos, None, 0, offset)
-                    crc = crc32c.crc32c(view, value=crc)
-                    crc = self._crc_of(st.pos, None, end, clen, crc)
+                    self._pread(st.pos, offset, before)
                 finally:
                     self._leave(epoch)
+                crc = crc_math.patch(st.crc, clen, offset, before, view)
             except BaseException:
                 self._unalloc([ov_pos])
                 raise
