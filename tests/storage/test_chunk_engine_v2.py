@@ -402,3 +402,28 @@ def test_crc_patch_matches_a_full_recompute():
         crc, old = crc32c.crc32c(message), bytes(message[offset:offset + len(new)])
         message[offset:offset + len(new)] = new
         assert patch(crc, length, offset, old, new) == crc32c.crc32c(message)
+
+
+def test_admin_target_commands_in_plain_words(tmp_path):
+    path = tmp_path / "t"
+    with ChunkEngine(str(path)) as v1:
+        for i in range(5):
+            put(v1, cid(i), random.Random(i).randbytes(2000))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "threefs.cli.main", "admin", *args], capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+
+    out = cli("target-check", str(path))
+    assert out.returncode == 0 and "chunk engine v1" in out.stdout and "OK" in out.stdout, out
+    out = cli("target-migrate", str(path))
+    assert out.returncode == 0 and "migrated" in out.stdout and target_format(str(path)) == "v2", out
+    out = cli("target-check", str(path))
+    assert out.returncode == 0 and "5 chunks" in out.stdout and "no leaked block" in out.stdout, out
+    with ChunkEngineV2(str(path)) as e:
+        fd, off = e._where(state(e, cid(3)).pos)
+        os.pwrite(fd, b"\0\0\0", off + 7)
+    out = cli("target-check", str(path))
+    assert out.returncode == 1 and "checksum mismatch" in out.stdout and cid(3).hex() in out.stdout, out
+    out = cli("target-compact", str(path))
+    assert out.returncode == 0 and "punched" in out.stdout, out

@@ -40,3 +40,15 @@ def open_chunk_engine(path: str, kind: str = "", *, fsync: bool = False):
     from threefs.storage.chunk_engine_v2 import ChunkEngineV2
 
     return ChunkEngineV2(path, fsync=fsync)
+
+
+def target_space(engine, fs_space) -> tuple[int, int, str]:
+    """(used bytes, free bytes, file system id) of a target for heartbeats (statfs, `threefs status`).
+    v2 answers from its allocator: used = blocks chunks own; free = the file system's free space plus
+    the free blocks of groups already allocated in its data files (they hold no chunk)."""
+    free, fs_id = fs_space(engine.path)
+    space = getattr(engine, "space", None)
+    if space is None:
+        return engine.used_bytes(), free, fs_id
+    figures = space()
+    return figures["used_bytes"], free + figures["reusable_bytes"], fs_id

@@ -31,7 +31,7 @@ from threefs.rpc.schemas import storage as ss
 from threefs.rpc.schemas.common import Empty
 from threefs.rpc.server import CallContext, rpc
 from threefs.storage.chunk_engine import ChunkEngine
-from threefs.storage.engines import open_chunk_engine
+from threefs.storage.engines import open_chunk_engine, target_space
 from threefs.storage import craq
 
 log = logging.getLogger(__name__)
@@ -129,8 +129,7 @@ class StorageService:
 
     async def heartbeat_once(self) -> None:
         routing = self.mgmtd.routing
-        targets = [ms.LocalTarget(tid, self.local_state(routing, tid), engine.used_bytes(),
-                                  *fs_space(engine.path))
+        targets = [ms.LocalTarget(tid, self.local_state(routing, tid), *target_space(engine, fs_space))
                    for tid, engine in self.engines.items()]
         self.hb_version += 1
         syncs = sync_reports(self.resync, routing, self.engines)
