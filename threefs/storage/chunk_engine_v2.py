@@ -765,8 +765,11 @@ class ChunkEngineV2:
             self._set(chunk_id, st, new)
             return new
 
-    def _install(self, chunk_id: bytes, base: State | None, pending: Pending, taken: list) -> ChunkMeta:
-        self._sync(*taken)
+    def _install(self, chunk_id: bytes, base: State | None, pending: Pending, taken: list,
+                 written: tuple = ()) -> ChunkMeta:
+        """Persist the pending version (its data is complete: with fsync, on disk first). `taken`: blocks
+        allocated for it (given back if this fails); `written`: other blocks it wrote into (in place)."""
+        self._sync(*taken, *written)
         with self._lock:
             try:
                 self._check_open()
@@ -813,7 +816,7 @@ class ChunkEngineV2:
             self._pwrite(st.pos, offset, [view])
             crc = crc32c.crc32c(view, value=_crc_zeros(offset - clen, st.crc))
             return self._install(chunk_id, st, Pending(update_ver, chain_ver, end, crc, st.pos, None, False, tag),
-                                 [])
+                                 [], (st.pos,))
         if st.ov is None and end <= clen and 0 < 2 * len(view) <= clen:
             ov_pos = self._alloc(len(view))
             try:
@@ -901,7 +904,7 @@ class ChunkEngineV2:
             self._pwrite_zeros(st.pos, st.length, length - st.length)
             crc = _crc_zeros(length - st.length, st.crc)
             return self._install(chunk_id, st, Pending(update_ver, chain_ver, length, crc, st.pos, None, False, tag),
-                                 [])
+                                 [], (st.pos,))
         if length == 0:
             return self._install(chunk_id, st, Pending(update_ver, chain_ver, 0, 0, None, None, False, tag), [])
         return self._write_copy(chunk_id, st, length, memoryview(b""), length, update_ver, chain_ver, tag)

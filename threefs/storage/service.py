@@ -87,7 +87,8 @@ class StorageService:
             os.makedirs(t.path, exist_ok=True)
             self.engines[t.target_id] = open_chunk_engine(t.path, t.engine or self.config.chunk_engine,
                                                           fsync=self.config.fsync)
-        log.info("opened %d targets", len(self.engines))
+        log.info("opened %d targets (chunk engines: %s)", len(self.engines),
+                 ", ".join(sorted({type(e).__name__ for e in self.engines.values()})))
 
     def close(self) -> None:
         for task in list(self._tasks):  # background tasks it owns (scrub reports): they end with it
