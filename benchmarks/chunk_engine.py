@@ -1,6 +1,6 @@
 """Chunk engine v1 vs v2, side by side on the same data in one run (the engine alone: no RPC).
 
-    .venv/bin/python benchmarks/chunk_engine.py [--mib 256] [--seconds 2] [--open-chunks 1000000]
+    .venv/bin/python benchmarks/chunk_engine.py [--mib 128] [--rounds 5] [--seconds 0.5] [--open-chunks 1000000]
 
 Rows (1 MiB chunks unless said):
   * seq write: full 1 MiB chunks, write + commit (as a storage target does at R=1), GB/s; reference: a
@@ -11,12 +11,14 @@ Rows (1 MiB chunks unless said):
   * 64 KiB writes into 1 MiB chunks at random 64 KiB-aligned offsets, write + commit, IOPS;
   * start-up: reopen the target (v1 replays its log, v2 opens SQLite), seconds;
   * with --open-chunks N: a v2 target of N chunks of 512 B (bulk-loaded with engine.batch()) reopened.
-The machine is shared: compare ratios within one run; the load average is printed.
+Each metric is sampled --rounds times with the order of local file / v1 / v2 rotating, and the medians are
+printed: the machine is shared and its load drifts; compare ratios within one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import os
 import random
 import sys
@@ -46,68 +48,107 @@ def timed_loop(seconds: float, step) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def bench_engine(eng, chunks: int, seconds: float, payload: bytes, seed: int) -> dict:
-    out = {}
-    t0 = time.perf_counter()
-    for i in range(chunks):
-        eng.write(cid(i), update_ver=1, chain_ver=1, offset=0, data=payload, chunk_size=CHUNK)
-        eng.commit(cid(i), 1)
-    out["seq write GB/s"] = chunks * CHUNK / (time.perf_counter() - t0) / 1e9
-    buf = memoryview(bytearray(CHUNK))
-    t0 = time.perf_counter()
-    for i in range(chunks):
-        eng.read(cid(i), 0, CHUNK, buf)
-    out["seq read GB/s"] = chunks * CHUNK / (time.perf_counter() - t0) / 1e9
-    rng = random.Random(seed)
-    for size in (4096, 65536):
-        view = buf[:size]
+class EngineRunner:
+    """One engine's side of each metric (the local file has the same methods)."""
 
-        def one(size=size, view=view):
+    def __init__(self, eng, chunks: int, payload: bytes, seed: int):
+        self.eng, self.chunks, self.payload = eng, chunks, payload
+        self.rng = random.Random(seed)
+        self.buf = memoryview(bytearray(CHUNK))
+        self.versions: dict[int, int] = {}
+        self.fresh = 0  # next id of a new chunk (sequential-write rounds add new ones)
+        self.write_new(chunks)
+
+    def write_new(self, count: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(count):
+            i, self.fresh = self.fresh, self.fresh + 1
+            self.eng.write(cid(i), update_ver=1, chain_ver=1, offset=0, data=self.payload, chunk_size=CHUNK)
+            self.eng.commit(cid(i), 1)
+        return count * CHUNK / (time.perf_counter() - t0) / 1e9
+
+    def read_all(self) -> float:
+        t0 = time.perf_counter()
+        for i in range(self.chunks):
+            self.eng.read(cid(i), 0, CHUNK, self.buf)
+        return self.chunks * CHUNK / (time.perf_counter() - t0) / 1e9
+
+    def random_reads(self, size: int, seconds: float) -> float:
+        view, eng, rng, chunks = self.buf[:size], self.eng, self.rng, self.chunks
+
+        def one():
             c, off = cid(rng.randrange(chunks)), rng.randrange(CHUNK - size)
             try:
                 eng.read(c, off, size, view, nowait=True)
             except BlockingIOError:
                 eng.read(c, off, size, view)
 
-        out[f"random {size // 1024} KiB read IOPS"] = timed_loop(seconds, one)
-    piece = payload[:65536]
-    versions = {}
+        return timed_loop(seconds, one)
 
-    def sub_write():
-        i = rng.randrange(chunks)
-        ver = versions.get(i, 1) + 1
-        versions[i] = ver
-        eng.write(cid(i), update_ver=ver, chain_ver=1, offset=rng.randrange(16) * 65536, data=piece,
-                  chunk_size=CHUNK)
-        eng.commit(cid(i), ver)
+    def sub_writes(self, seconds: float) -> float:
+        piece, eng, rng = self.payload[:65536], self.eng, self.rng
 
-    out["64 KiB write into 1 MiB IOPS"] = timed_loop(seconds, sub_write)
-    return out
+        def one():
+            i = rng.randrange(self.chunks)
+            ver = self.versions.get(i, 1) + 1
+            self.versions[i] = ver
+            eng.write(cid(i), update_ver=ver, chain_ver=1, offset=rng.randrange(16) * 65536, data=piece,
+                      chunk_size=CHUNK)
+            eng.commit(cid(i), ver)
+
+        return timed_loop(seconds, one)
 
 
-def bench_local(path: str, chunks: int, seconds: float, payload: bytes, seed: int) -> dict:
-    out = {}
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
+class LocalFile:
+    """The reference: one plain local file, pwrite/pread at chunk offsets (page cache)."""
+
+    def __init__(self, path: str, chunks: int, payload: bytes, seed: int):
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.chunks, self.payload = chunks, payload
+        self.rng = random.Random(seed)
+        self.buf = memoryview(bytearray(CHUNK))
+        self.fresh = 0
+        self.write_new(chunks)
+
+    def write_new(self, count: int) -> float:
         t0 = time.perf_counter()
-        for i in range(chunks):
-            os.pwrite(fd, payload, i * CHUNK)
-        out["seq write GB/s"] = chunks * CHUNK / (time.perf_counter() - t0) / 1e9
-        buf = memoryview(bytearray(CHUNK))
+        for _ in range(count):
+            os.pwrite(self.fd, self.payload, self.fresh * CHUNK)
+            self.fresh += 1
+        return count * CHUNK / (time.perf_counter() - t0) / 1e9
+
+    def read_all(self) -> float:
         t0 = time.perf_counter()
-        for i in range(chunks):
-            os.preadv(fd, [buf], i * CHUNK)
-        out["seq read GB/s"] = chunks * CHUNK / (time.perf_counter() - t0) / 1e9
-        rng = random.Random(seed)
-        for size in (4096, 65536):
-            view = buf[:size]
-            out[f"random {size // 1024} KiB read IOPS"] = timed_loop(
-                seconds, lambda size=size, view=view: os.preadv(fd, [view], rng.randrange(chunks * CHUNK - size)))
-        out["64 KiB write into 1 MiB IOPS"] = timed_loop(
-            seconds, lambda: os.pwrite(fd, payload[:65536], rng.randrange(chunks * 16) * 65536))
-    finally:
-        os.close(fd)
-    return out
+        for i in range(self.chunks):
+            os.preadv(self.fd, [self.buf], i * CHUNK)
+        return self.chunks * CHUNK / (time.perf_counter() - t0) / 1e9
+
+    def random_reads(self, size: int, seconds: float) -> float:
+        view, span = self.buf[:size], self.chunks * CHUNK - size
+        return timed_loop(seconds, lambda: os.preadv(self.fd, [view], self.rng.randrange(span)))
+
+    def sub_writes(self, seconds: float) -> float:
+        piece = self.payload[:65536]
+        return timed_loop(seconds, lambda: os.pwrite(self.fd, piece, self.rng.randrange(self.chunks * 16) * 65536))
+
+
+def run_rounds(runners: dict, rounds: int, seconds: float, write_chunks: int) -> dict:
+    """Every metric, `rounds` times, the order of the contenders rotating each round; medians."""
+    metrics = {
+        "seq write GB/s": lambda r: r.write_new(write_chunks),
+        "seq read GB/s": lambda r: r.read_all(),
+        "random 4 KiB read IOPS": lambda r: r.random_reads(4096, seconds),
+        "random 64 KiB read IOPS": lambda r: r.random_reads(65536, seconds),
+        "64 KiB write into 1 MiB IOPS": lambda r: r.sub_writes(seconds),
+    }
+    names = list(runners)
+    samples = {m: {n: [] for n in names} for m in metrics}
+    for k in range(rounds):
+        order = names[k % len(names):] + names[:k % len(names)]
+        for metric, fn in metrics.items():
+            for name in order:
+                samples[metric][name].append(fn(runners[name]))
+    return {m: {n: statistics.median(v) for n, v in per.items()} for m, per in samples.items()}
 
 
 def open_time(cls, path: str) -> float:
@@ -143,26 +184,29 @@ def million(path: str, count: int) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mib", type=int, default=256, help="data per engine (1 MiB chunks)")
-    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--mib", type=int, default=128, help="data per engine (1 MiB chunks)")
+    ap.add_argument("--seconds", type=float, default=0.5, help="per random-IO sample")
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--open-chunks", type=int, default=0, help="also open a v2 target of this many chunks")
     ap.add_argument("--dir", default=None, help="where targets go (default: a temporary directory)")
     args = ap.parse_args()
     payload = os.urandom(CHUNK)
     with tempfile.TemporaryDirectory(prefix="threefs-engine-bench-", dir=args.dir) as tmp:
-        results = {"local file": bench_local(os.path.join(tmp, "local.bin"), args.mib, args.seconds, payload, 1)}
-        os.unlink(os.path.join(tmp, "local.bin"))
-        starts = {}
-        for name, cls in (("v1", ChunkEngine), ("v2", ChunkEngineV2)):
-            path = os.path.join(tmp, name)
-            with cls(path) as eng:
-                results[name] = bench_engine(eng, args.mib, args.seconds, payload, 1)
-            starts[name] = open_time(cls, path)
+        engines = {"v1": ChunkEngine(os.path.join(tmp, "v1")), "v2": ChunkEngineV2(os.path.join(tmp, "v2"))}
+        try:
+            runners = {"local file": LocalFile(os.path.join(tmp, "local.bin"), args.mib, payload, 1),
+                       **{n: EngineRunner(e, args.mib, payload, 1) for n, e in engines.items()}}
+            results = run_rounds(runners, args.rounds, args.seconds, max(8, args.mib // 4))
+        finally:
+            for e in engines.values():
+                e.close()
+        starts = {n: open_time(cls, os.path.join(tmp, n)) for n, cls in (("v1", ChunkEngine), ("v2", ChunkEngineV2))}
         loadavg = open("/proc/loadavg").read().split()[:3]
-        print(f"{args.mib} x 1 MiB chunks per engine; load average {' '.join(loadavg)}")
+        print(f"{args.mib} x 1 MiB chunks per engine, medians of {args.rounds} rounds (order rotating); "
+              f"load average {' '.join(loadavg)}")
         print(f"{'metric':<30} {'local file':>11} {'v1':>11} {'v2':>11} {'v2/v1':>7} {'v2/file':>8}")
-        for key in results["v1"]:
-            ref, a, b = results["local file"][key], results["v1"][key], results["v2"][key]
+        for key, per in results.items():
+            ref, a, b = per["local file"], per["v1"], per["v2"]
             print(f"{key:<30} {ref:11.2f} {a:11.2f} {b:11.2f} {b / a:6.2f}x {b / ref:7.2f}x")
         print(f"{'start-up (s), this target':<30} {'':>11} {starts['v1']:11.3f} {starts['v2']:11.3f} "
               f"{starts['v1'] / starts['v2']:6.2f}x faster")
