@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import heapq
 import logging
 import os
@@ -225,6 +226,28 @@ class _Reader:
         return min(self.active) if self.active else None
 
 
+def _chunk_op(fn):
+    """An update of one chunk: excluded from compaction's move of that chunk (callers already serialise
+    updates of one chunk; compaction is the engine's own writer)."""
+    @functools.wraps(fn)
+    def run(self, chunk_id, *args, **kwargs):
+        if not isinstance(chunk_id, bytes):
+            return fn(self, chunk_id, *args, **kwargs)  # refused by its checks
+        with self._lock:
+            while chunk_id in self._moving:
+                self._moved.wait()
+            self._busy[chunk_id] = self._busy.get(chunk_id, 0) + 1
+        try:
+            return fn(self, chunk_id, *args, **kwargs)
+        finally:
+            with self._lock:
+                n = self._busy.pop(chunk_id) - 1
+                if n:
+                    self._busy[chunk_id] = n
+
+    return run
+
+
 class ChunkEngineV2:
     """The chunks of one storage target, stored under `path` (see the module docstring)."""
 
@@ -237,6 +260,9 @@ class ChunkEngineV2:
         self.path = os.path.abspath(path)
         self._fsync = fsync
         self._lock = threading.Lock()
+        self._moved = threading.Condition(self._lock)
+        self._busy: dict[bytes, int] = {}  # chunks with an update running
+        self._moving: set[bytes] = set()  # chunks compaction is moving
         self._closed = True
         os.makedirs(self.path, exist_ok=True)
         self._lock_fd = _lock_target(self.path)
@@ -784,6 +810,7 @@ class ChunkEngineV2:
                 raise
             return make_meta(chunk_id, new)
 
+    @_chunk_op
     def write(self, chunk_id: bytes, *, update_ver: int, chain_ver: int, offset: int, data, chunk_size: int,
               full_replace: bool = False, last_request: bytes = b"") -> ChunkMeta:
         _check_chunk_id(chunk_id)
@@ -881,6 +908,7 @@ class ChunkEngineV2:
             self._leave(epoch)
         return crc
 
+    @_chunk_op
     def truncate(self, chunk_id: bytes, *, update_ver: int, chain_ver: int, length: int, chunk_size: int,
                  last_request: bytes = b"") -> ChunkMeta:
         _check_chunk_id(chunk_id)
@@ -909,6 +937,7 @@ class ChunkEngineV2:
             return self._install(chunk_id, st, Pending(update_ver, chain_ver, 0, 0, None, None, False, tag), [])
         return self._write_copy(chunk_id, st, length, memoryview(b""), length, update_ver, chain_ver, tag)
 
+    @_chunk_op
     def remove(self, chunk_id: bytes, *, update_ver: int, chain_ver: int, last_request: bytes = b"") -> ChunkMeta | None:
         _check_chunk_id(chunk_id)
         _check_update(update_ver, chain_ver, last_request)
@@ -918,11 +947,13 @@ class ChunkEngineV2:
         return self._install(chunk_id, st, Pending(update_ver, chain_ver, 0, 0, None, None, True, bytes(last_request)),
                              [])
 
+    @_chunk_op
     def abort(self, chunk_id: bytes) -> None:
         _check_chunk_id(chunk_id)
         self._drop_pending(chunk_id)
 
     # -- commit ----------------------------------------------------------------------------------
+    @_chunk_op
     def commit(self, chunk_id: bytes, update_ver: int, *, chain_ver: int | None = None) -> ChunkMeta | None:
         """As ChunkEngine.commit. A commit of an overlay folds it into the committed block afterwards."""
         _check_chunk_id(chunk_id)
@@ -971,6 +1002,7 @@ class ChunkEngineV2:
         raise status_error(code, f"chunk {chunk_id.hex()} on {self.path}: cannot commit version {update_ver}: "
                            f"committed {st.commit_ver}, pending {p.update_ver if p is not None else None}")
 
+    @_chunk_op
     def set_versions(self, chunk_id: bytes, *, update_ver: int, commit_ver: int, chain_ver: int) -> ChunkMeta:
         """As ChunkEngine.set_versions."""
         _check_chunk_id(chunk_id)
@@ -991,10 +1023,71 @@ class ChunkEngineV2:
             return make_meta(chunk_id, new)
 
     # -- maintenance -----------------------------------------------------------------------------
-    def compact(self) -> dict:
-        """Return the space of empty groups to the file system: punch their holes, cut empty file ends.
-        IO is bounded by metadata (no chunk data moves; partly used groups stay). Runs under the engine
-        lock (each step is a metadata operation of the file system). Returns what it did."""
+    def compact(self, *, move_bytes_max: int = 256 * MiB, sparse_fraction: float = 0.25) -> dict:
+        """Return space after deletes: (1) move the committed blocks of chunks in sparse groups (at most
+        `sparse_fraction` used) into lower groups, at most `move_bytes_max` bytes of data per call (the IO
+        bound); (2) punch the holes of empty groups and cut empty file ends (metadata only). A chunk with
+        a pending version or an update running is not moved. Returns what it did."""
+        moved, moved_bytes = self._move_sparse(move_bytes_max, sparse_fraction)
+        done = self._punch_empty()
+        return {"chunks_moved": moved, "bytes_moved": moved_bytes, **done}
+
+    def _move_sparse(self, budget: int, sparse_fraction: float) -> tuple[int, int]:
+        with self._lock:
+            self._check_open()
+            limit = int(GROUP_BLOCKS * sparse_fraction)
+            sources = {gid for gid, bits in self._mem_bits.items() if 0 < bits.bit_count() <= limit}
+            if not sources:
+                return 0, 0
+            rows = self._db.execute("SELECT id, pos, length FROM chunks WHERE p_update_ver IS NULL AND "
+                                    "ov_pos IS NULL AND pos IS NOT NULL").fetchall()
+        todo = sorted(((pos, cid, length) for cid, pos, length in rows if pos >> 8 in sources), reverse=True)
+        moved = moved_bytes = 0
+        stopped: set[int] = set()  # classes where no lower free block is left
+        for pos, chunk_id, length in todo:
+            cls = pos_class(pos)
+            if moved_bytes >= budget or cls in stopped:
+                continue
+            with self._lock:
+                st = self._get(chunk_id)
+                if (chunk_id in self._busy or st is None or st.p is not None or st.ov is not None
+                        or st.pos != pos):
+                    continue
+                self._moving.add(chunk_id)
+            try:
+                try:
+                    new = self._alloc(length)
+                except ThreeFSError as exc:
+                    if exc.code != StatusCode.NO_SPACE:
+                        raise
+                    stopped.add(cls)
+                    continue
+                if new >> 8 >= pos >> 8:  # no free block below: moving would not empty anything
+                    self._unalloc([new])
+                    stopped.add(cls)
+                    continue
+                try:
+                    crc = self._copy_into(new, st, 0, length, 0)
+                    if crc != st.crc:
+                        log.error("target %s: chunk %s fails its checksum; compaction leaves it in place",
+                                  self.path, chunk_id.hex())
+                        self._unalloc([new])
+                        continue
+                    self._sync(new)
+                    with self._lock:
+                        self._set(chunk_id, st, msgspec.structs.replace(st, pos=new))
+                except BaseException:
+                    self._unalloc([new])
+                    raise
+                moved += 1
+                moved_bytes += length
+            finally:
+                with self._lock:
+                    self._moving.discard(chunk_id)
+                    self._moved.notify_all()
+        return moved, moved_bytes
+
+    def _punch_empty(self) -> dict:
         punched = 0
         with self._lock:
             self._check_open()
