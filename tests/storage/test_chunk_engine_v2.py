@@ -431,3 +431,19 @@ def test_admin_target_commands_in_plain_words(tmp_path):
     assert out.returncode == 1 and "checksum mismatch" in out.stdout and cid(3).hex() in out.stdout, out
     out = cli("target-compact", str(path))
     assert out.returncode == 0 and "punched" in out.stdout, out
+
+
+def test_big_blocks_are_fallocated_one_at_a_time_and_given_back_one_at_a_time(eng):
+    data = {i: os.urandom(600_000) for i in range(3)}  # 1 MiB blocks: a group would be 256 MiB
+    for i, d in data.items():
+        put(eng, cid(i), d, chunk_size=1 << 20)
+    assert eng.space()["file_bytes"] < 8 << 20, "only the blocks in use are allocated"
+    eng.remove(cid(1), update_ver=2, chain_ver=1)
+    eng.commit(cid(1), 2)
+    assert eng.space()["reusable_bytes"] == 1 << 20
+    assert eng.compact()["bytes_returned"] >= 1 << 20
+    assert eng.space()["reusable_bytes"] == 0
+    put(eng, cid(5), data[1], chunk_size=1 << 20)  # into the punched block: fallocated again
+    assert bytes(eng.read(cid(5), 0, 1 << 20)[0]) == data[1] and bytes(eng.read(cid(2), 0, 1 << 20)[0]) == data[2]
+    eng.close()
+    assert check_target(eng.path).ok

@@ -80,6 +80,11 @@ def block_size(cls: int) -> int:
     return BLOCK_MIN << cls
 
 
+def _per_block(cls: int) -> bool:
+    """Classes whose group would exceed GROUP_FALLOCATE_MAX are fallocated one block at a time."""
+    return block_size(cls) * GROUP_BLOCKS > GROUP_FALLOCATE_MAX
+
+
 def class_for(length: int) -> int:
     """The smallest class whose block holds `length` bytes (length >= 1)."""
     return max(0, (length - 1).bit_length() - (BLOCK_MIN.bit_length() - 1))
@@ -318,7 +323,8 @@ class ChunkEngineV2:
     def _load_groups(self) -> None:
         self._db_bits: dict[int, int] = {}  # gid -> bitmap as persisted
         self._mem_bits: dict[int, int] = {}  # + blocks being written, freed blocks readers may still use
-        self._ready: set[int] = set()  # groups known fallocated
+        self._ready: set[int] = set()  # groups known fallocated (classes fallocated a group at a time)
+        self._ready_blocks: dict[int, int] = {}  # gid -> bitmap of blocks known fallocated (bigger classes)
         self._free_heap: list[list[int]] = [[] for _ in range(CLASSES)]
         self._groups_per_file: dict[tuple[int, int], int] = {}
         for gid, bits in self._db.execute("SELECT gid, bits FROM groups"):
@@ -329,8 +335,10 @@ class ChunkEngineV2:
             self._groups_per_file[key] = max(self._groups_per_file.get(key, 0), group + 1)
             if b != _FULL:
                 heapq.heappush(self._free_heap[cls], gid)
-            if b:
+            if b and not _per_block(cls):
                 self._ready.add(gid)
+            elif b:
+                self._ready_blocks[gid] = b
         for name in os.listdir(self._block_dir):
             try:
                 cls, file = name[1:].split(".")
@@ -542,8 +550,11 @@ class ChunkEngineV2:
                 self._mem_bits[gid] = 1
                 heapq.heappush(heap, gid)
                 pos = gid << 8
-            ready = gid in self._ready
-        if not ready or block_size(cls) * GROUP_BLOCKS > GROUP_FALLOCATE_MAX:
+            if _per_block(cls):
+                ready = self._ready_blocks.get(gid, 0) >> (pos & 0xFF) & 1
+            else:
+                ready = gid in self._ready
+        if not ready:
             self._fallocate(pos, gid)
         return pos
 
@@ -576,7 +587,9 @@ class ChunkEngineV2:
             self._unalloc([pos])
             raise _os_error(exc, f"target {self.path}: cannot grow {pos_str(pos)}") from exc
         with self._lock:
-            if bs * GROUP_BLOCKS <= GROUP_FALLOCATE_MAX:
+            if _per_block(cls):
+                self._ready_blocks[gid] = self._ready_blocks.get(gid, 0) | (1 << (pos & 0xFF))
+            else:
                 self._ready.add(gid)
 
     def _unalloc(self, blocks) -> None:
@@ -709,6 +722,8 @@ class ChunkEngineV2:
                 used += n * bs
                 if gid in self._ready:
                     reserved += (GROUP_BLOCKS - n) * bs
+                elif gid in self._ready_blocks:
+                    reserved += (self._ready_blocks[gid] & ~bits).bit_count() * bs
             fds = list(self._fds.values())
         file_bytes = sum(os.fstat(fd).st_blocks * 512 for fd in fds)
         return {"used_bytes": used, "reusable_bytes": reserved, "file_bytes": file_bytes}
@@ -1100,6 +1115,13 @@ class ChunkEngineV2:
                     top -= 1
                 for g in range(top):
                     gid = (cls << 48) | (file << 32) | g
+                    spare = self._ready_blocks.get(gid, 0) & ~self._mem_bits.get(gid, 0)
+                    if spare:  # classes fallocated per block: give back each free block
+                        for i in range(GROUP_BLOCKS):
+                            if spare >> i & 1:
+                                fallocate_punch(fd, (g * GROUP_BLOCKS + i) * bs, bs)
+                        self._ready_blocks[gid] &= ~spare
+                        punched += 1
                     if gid in self._ready and self._mem_bits.get(gid, 0) == 0:
                         fallocate_punch(fd, g * GROUP_BLOCKS * bs, GROUP_BLOCKS * bs)
                         self._ready.discard(gid)  # the next allocation in it fallocates again
@@ -1113,6 +1135,7 @@ class ChunkEngineV2:
                         self._mem_bits.pop(gid, None)
                         self._db_bits.pop(gid, None)
                         self._ready.discard(gid)
+                        self._ready_blocks.pop(gid, None)
                     self._groups_per_file[(cls, file)] = top
                     self._free_heap[cls] = [g for g in self._free_heap[cls] if g in self._mem_bits]
                     heapq.heapify(self._free_heap[cls])
