@@ -1,6 +1,6 @@
 """Storage benchmark: threefs beside the loopback ceiling and local-disk IO, in one run.
 
-    .venv/bin/python benchmarks/storage.py [--gib 1] [--seconds 5]
+    .venv/bin/python benchmarks/storage.py [--gib 1] [--seconds 5] [--engines v1,v2]
 
 Measures (3 storage services, R=3, 1 MiB chunks):
   * sequential write (file object, 64 MiB calls) and read (batch_read, 4 x 64 MiB per batch), GB/s;
@@ -8,8 +8,9 @@ Measures (3 storage services, R=3, 1 MiB chunks):
   * resync speed: a storage process is killed, data is written while it is down, it is restarted, and
     the time until all its targets are SERVING again gives GB/s of catch-up;
 baselines in the same run: the loopback TCP stream (transport ceiling) and the same operations on a
-local file (sequential write/read, random pread from the page cache). The machine is shared and noisy:
-compare ratios within one run.
+local file (sequential write/read, random pread from the page cache). With --engines v1,v2 the cluster
+part runs once per chunk engine (a fresh cluster each, same data) and a v2/v1 column is printed. The
+machine is shared and noisy: compare ratios within one run.
 """
 
 from __future__ import annotations
@@ -104,29 +105,45 @@ def main() -> None:
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--seconds", type=float, default=4.0, help="duration of each random-read test")
     ap.add_argument("--resync-mib", type=int, default=512)
+    ap.add_argument("--engines", default="", help="comma-separated chunk engines to compare (v1,v2); "
+                    "default: the storage default only")
     args = ap.parse_args()
     total = int(args.gib * (1 << 30)) // PIECE * PIECE
+    engines = [e for e in args.engines.split(",") if e] or [""]
+    runs = {}
     with tempfile.TemporaryDirectory(prefix="threefs-bench-") as tmp:
         disk = local_disk(os.path.join(tmp, "local.bin"), total, args.seconds)
         os.unlink(os.path.join(tmp, "local.bin"))
-        cluster = LocalCluster(os.path.join(tmp, "cluster"))
-        cluster.up(3, 3, heartbeat_timeout_s=3.0)
-        try:
-            with Client.connect(str(cluster.client_config_path)) as fs:
-                fs.mkdir("/bench")
-                ceiling = loopback_gbps(total)
-                ours = threefs_io(fs, total, args.seconds)
-                resync_gbps, resync_s = resync_speed(cluster, fs, args.resync_mib << 20)
-        finally:
-            cluster.down()
+        ceiling = loopback_gbps(total)
+        for engine in engines:
+            cluster = LocalCluster(os.path.join(tmp, f"cluster-{engine or 'default'}"))
+            cluster.up(3, 3, heartbeat_timeout_s=3.0, chunk_engine=engine)
+            try:
+                with Client.connect(str(cluster.client_config_path)) as fs:
+                    fs.mkdir("/bench")
+                    ours = threefs_io(fs, total, args.seconds)
+                    ours["resync GB/s"], ours["resync s"] = resync_speed(cluster, fs, args.resync_mib << 20)
+            finally:
+                cluster.down()
+            runs[engine or "threefs"] = ours
+    loadavg = " ".join(open("/proc/loadavg").read().split()[:3])
     print(f"data {total / (1 << 30):.2f} GiB; 3 storage services, R=3, 1 MiB chunks; loopback ceiling "
-          f"{ceiling:.2f} GB/s")
-    print(f"{'metric':<24} {'threefs':>12} {'local disk':>12} {'vs disk':>8} {'vs ceiling':>10}")
-    for key, value in ours.items():
+          f"{ceiling:.2f} GB/s; load average {loadavg}")
+    names = list(runs)
+    head = "".join(f"{n:>12}" for n in names)
+    extra = f"{'v2/v1':>8}" if names == ["v1", "v2"] else ""
+    print(f"{'metric':<24}{head} {'local disk':>12} {'vs disk':>8} {'vs ceiling':>10}{extra}")
+    for key in runs[names[-1]]:
+        if key.startswith("resync"):
+            continue
+        value = runs[names[-1]][key]
         ratio_ceiling = f"{value / ceiling:9.2f}x" if "GB/s" in key else ""
-        print(f"{key:<24} {value:12.2f} {disk[key]:12.2f} {value / disk[key]:7.2f}x {ratio_ceiling:>10}")
-    print(f"resync of {args.resync_mib} MiB written while a storage service was down: {resync_s:.2f} s "
-          f"from restart to SERVING = {resync_gbps:.2f} GB/s")
+        cols = "".join(f"{runs[n][key]:12.2f}" for n in names)
+        tail = f"{runs['v2'][key] / runs['v1'][key]:7.2f}x" if extra else ""
+        print(f"{key:<24}{cols} {disk[key]:12.2f} {value / disk[key]:7.2f}x {ratio_ceiling:>10}{tail}")
+    for n in names:
+        print(f"[{n}] resync of {args.resync_mib} MiB written while a storage service was down: "
+              f"{runs[n]['resync s']:.2f} s from restart to SERVING = {runs[n]['resync GB/s']:.2f} GB/s")
 
 
 if __name__ == "__main__":

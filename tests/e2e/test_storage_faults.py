@@ -11,6 +11,7 @@ from threefs.client.client import Client
 from threefs.common.ids import chunk_id
 from threefs.storage.scrub import ScrubReq, ScrubRsp
 from threefs.testing.checks import all_serving, replica_differences, routing, wait_for
+from threefs.testing.chunk_files import chunk_replicas
 
 CS = 1 << 20
 
@@ -73,12 +74,14 @@ def test_kill9_under_write_load_loses_no_acknowledged_write(private_cluster, rng
             assert replica_differences(fs, path) == []
 
 
-def _chunk_files(cluster, inode: int, index: int) -> list[Path]:
-    name = chunk_id(inode, index).hex()
-    return sorted(Path(cluster.dir, "data").glob(f"storage-*/target-*/data/*/{name}.*"))
+def _chunk_files(cluster, inode: int, index: int) -> list[tuple[Path, int]]:
+    """(data file, offset of the chunk in it) per replica, for either chunk engine."""
+    return chunk_replicas(Path(cluster.dir, "data"), chunk_id(inode, index))
 
 
-def _flip(path: Path, offset: int) -> None:
+def _flip(where: tuple[Path, int], offset: int) -> None:
+    path, base = where
+    offset += base
     with open(path, "r+b") as f:
         f.seek(offset)
         byte = f.read(1)

@@ -1,4 +1,4 @@
-"""One chunk-store suite, run against the real ChunkEngine and the simulator's SimStore.
+"""One chunk-store suite, run against the real ChunkEngine (v1), ChunkEngineV2 and the simulator's SimStore.
 
 The CRAQ simulator is only evidence about the storage service if its store answers the flows as the
 engine does. Every test here runs on both stores (`store` fixture), and a seeded differential test runs
@@ -29,6 +29,7 @@ import pytest
 from threefs.common.status import StatusCode, ThreeFSError
 from threefs.storage import craq
 from threefs.storage.chunk_engine import ChunkEngine
+from threefs.storage.chunk_engine_v2 import ChunkEngineV2
 from threefs.testing.sim_store import SimStore
 
 CHUNK = 4096
@@ -53,6 +54,18 @@ class EngineStore:
         self.s.close()
 
 
+class EngineV2Store(EngineStore):
+    name = "engine2"
+
+    def __init__(self, path: str):
+        self.path = path
+        self.s = ChunkEngineV2(path)
+
+    def restart(self) -> None:
+        self.s.close()
+        self.s = ChunkEngineV2(self.path)
+
+
 class SimStoreHarness:
     name = "sim"
 
@@ -66,7 +79,7 @@ class SimStoreHarness:
         pass
 
 
-@pytest.fixture(params=[EngineStore, SimStoreHarness], ids=["engine", "sim"])
+@pytest.fixture(params=[EngineStore, EngineV2Store, SimStoreHarness], ids=["engine", "engine2", "sim"])
 def store(request, tmp_path):
     harness = request.param(str(tmp_path / "target"))
     yield harness
@@ -311,13 +324,14 @@ def test_a_head_with_a_leftover_pending_removal_takes_the_next_write(store):
 
 
 # -- both stores, one random history -----------------------------------------------------------------
+@pytest.mark.parametrize("engine_cls", [EngineStore, EngineV2Store], ids=["engine", "engine2"])
 @pytest.mark.parametrize("seed", range(4))
-def test_both_stores_answer_a_random_history_alike(tmp_path, seed):
+def test_both_stores_answer_a_random_history_alike(tmp_path, seed, engine_cls):
     """Seeded random writes / truncates / removes / commits (right, stale and missing versions) /
     aborts / restarts, applied to both stores in lockstep: every answer (metadata, bytes read, error
     code) must be the same."""
     rng = random.Random(seed)
-    engine, sim = EngineStore(str(tmp_path / "target")), SimStoreHarness("")
+    engine, sim = engine_cls(str(tmp_path / "target")), SimStoreHarness("")
     try:
         for step in range(500):
             c = cid(rng.randrange(4))

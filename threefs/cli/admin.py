@@ -6,6 +6,7 @@
     rotate-lastsrv CHAIN                                         give up on a LASTSRV head that is gone
     user-add NAME --uid U [--gid G] / user-token NAME            issue a token (shown once)
     user-revoke NAME / user-list
+    target-check PATH / target-migrate PATH / target-compact PATH  offline, on a stopped target (cli/target_cmd.py)
 """
 
 from __future__ import annotations
@@ -145,3 +146,6 @@ def add_admin_parser(sub) -> None:
     from threefs.cli.s3_cmd import add_admin_s3_commands  # [s3] access keys for the S3 gateway
 
     add_admin_s3_commands(cmds)
+    from threefs.cli.target_cmd import add_admin_target_commands  # offline tools for a target directory
+
+    add_admin_target_commands(cmds)

@@ -51,6 +51,7 @@ class ClusterSpec(msgspec.Struct, kw_only=True):
     kv: str = ""  # KV URL of mgmtd + meta (e.g. etcd://h:p,h:p/name); "" = the SQLite file DIR/kv/meta.db
     kvcache: int = 1  # kvcache meta services (threefs/kvcache/service.py); its index is DIR/kvcache/index.db
     kvcache_port: int = 0
+    chunk_engine: str = ""  # storage targets' chunk engine ("" = default, storage/engines.py)
 
     def mgmtd_addrs(self) -> list[str]:
         return [f"{self.host}:{p}" for p in (self.mgmtd_ports or [self.mgmtd_port])]
@@ -126,7 +127,8 @@ class LocalCluster:
                                                              f"target-{target_id(node, slot)}"))
                        for slot in range(1, slots + 1)]
             configs.append(ServiceConfig(type="storage", name=f"storage-{i}", node_id=node, port=port,
-                                         targets=targets, failure_domain=f"storage-{i}", **common))
+                                         targets=targets, failure_domain=f"storage-{i}",
+                                         chunk_engine=spec.chunk_engine, **common))
         if spec.kvcache:
             configs.append(ServiceConfig(type="kvcache", name="kvcache-1", node_id=200, port=spec.kvcache_port,
                                          kv=str(self.dir / "kvcache" / "index.db"), **common))

@@ -16,6 +16,7 @@ CLIENT_TIMEOUT_S_DEFAULT = 30.0  # [client] timeout_s: one RPC of a client
 class TargetConfig(msgspec.Struct):
     target_id: int
     path: str
+    engine: str = ""  # chunk engine: "v1", "v2", "" = the service's chunk_engine (threefs/storage/engines.py)
 
 
 class ServiceConfig(msgspec.Struct, kw_only=True):
@@ -45,6 +46,7 @@ class ServiceConfig(msgspec.Struct, kw_only=True):
     meta_gc_delay_s: float = 60.0  # meta: an unlinked file's chunks are removed this long after its unlink
     client_session_timeout_s: float = 120.0  # meta: write sessions of clients silent this long are pruned
     fsync: bool = False
+    chunk_engine: str = ""  # storage: "v1" | "v2" | "" (an existing target's own, else the default; storage/engines.py)
     scrub_interval_s: float = 600.0  # storage: one full checksum pass per interval (0 = off)
     metrics_port: int = 0  # 0 = no Prometheus endpoint
     log_level: str = "INFO"

@@ -203,6 +203,10 @@ class ChunkEngine:
         """Open or create the target directory, replay the metadata log and reclaim leftovers of
         writes that a crash interrupted. `meta_log_bytes_min` tunes log compaction (tests)."""
         self.path = os.path.abspath(path)
+        if os.path.exists(os.path.join(self.path, "meta.sqlite")):
+            raise status_error(StatusCode.INVALID_ARGUMENT, (
+                f"target {self.path} holds a v2 chunk engine (meta.sqlite); open it with chunk_engine = \"v2\" "
+                "(there is no migration back to v1)"))
         self._fsync = fsync
         self._lock = threading.Lock()
         self._data_dir = os.path.join(self.path, "data")

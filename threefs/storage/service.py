@@ -31,6 +31,7 @@ from threefs.rpc.schemas import storage as ss
 from threefs.rpc.schemas.common import Empty
 from threefs.rpc.server import CallContext, rpc
 from threefs.storage.chunk_engine import ChunkEngine
+from threefs.storage.engines import open_chunk_engine, target_space
 from threefs.storage import craq
 
 log = logging.getLogger(__name__)
@@ -84,8 +85,10 @@ class StorageService:
     def open_targets(self) -> None:
         for t in self.config.targets:
             os.makedirs(t.path, exist_ok=True)
-            self.engines[t.target_id] = ChunkEngine(t.path, fsync=self.config.fsync)
-        log.info("opened %d targets", len(self.engines))
+            self.engines[t.target_id] = open_chunk_engine(t.path, t.engine or self.config.chunk_engine,
+                                                          fsync=self.config.fsync)
+        log.info("opened %d targets (chunk engines: %s)", len(self.engines),
+                 ", ".join(sorted({type(e).__name__ for e in self.engines.values()})))
 
     def close(self) -> None:
         for task in list(self._tasks):  # background tasks it owns (scrub reports): they end with it
@@ -127,8 +130,7 @@ class StorageService:
 
     async def heartbeat_once(self) -> None:
         routing = self.mgmtd.routing
-        targets = [ms.LocalTarget(tid, self.local_state(routing, tid), engine.used_bytes(),
-                                  *fs_space(engine.path))
+        targets = [ms.LocalTarget(tid, self.local_state(routing, tid), *target_space(engine, fs_space))
                    for tid, engine in self.engines.items()]
         self.hb_version += 1
         syncs = sync_reports(self.resync, routing, self.engines)
