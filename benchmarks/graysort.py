@@ -27,7 +27,7 @@ import tempfile
 import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# benchmarks/queue.py would shadow the standard library's queue when this directory is on the path
+# the repo on the path instead of this directory (a benchmark named like a standard module would shadow it)
 sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 from benchmarks.common import local_cluster  # noqa: E402

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import grpc
 
-# The repo instead of this directory: benchmarks/queue.py would shadow the standard library's queue.
+# The repo instead of this directory (a benchmark named like a standard module would shadow it).
 sys.path[0] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 from threefs.kv import etcd_wire as wire  # noqa: E402

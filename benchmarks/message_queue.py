@@ -1,6 +1,6 @@
 """The message queue (threefs.queue) beside Redis Streams, in one run, at 1 KiB records.
 
-    .venv/bin/python benchmarks/queue.py [--records 200000] [--partitions 4] [--record-bytes 1024]
+    .venv/bin/python benchmarks/message_queue.py [--records 200000] [--partitions 4] [--record-bytes 1024]
                                          [--repeats 2] [--profile]
 
 threefs: a local cluster (3 storage services, chains of R=3, every record on three disks), one Producer
