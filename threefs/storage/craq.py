@@ -434,13 +434,22 @@ class ExactlyOnce:
             self._results.popitem(last=False)
 
 
-def read_check(me: int, public_state: str | None, meta, allow_uncommitted: bool) -> None:
-    """May target `me` serve a read of this chunk? Raises the error the reader should see."""
+def read_check(me: int, public_state: str | None, meta, allow_uncommitted: bool,
+               admin_offline: bool = False) -> None:
+    """May target `me` serve a read of this chunk? Raises the error the reader should see.
+
+    `admin_offline`: our routing says an admin took the target offline. It stops serving reads at
+    once, while it is still SERVING and takes writes: mgmtd drops it from the chain only after our
+    node's heartbeat shows that it has seen this routing (mgmtd.chain_state.admin_offline_effective),
+    so no read served here can miss a write the chain acknowledged without us."""
     from threefs.storage.replica import readable
 
     if public_state != ms.SERVING:
         raise status_error(StatusCode.TARGET_OFFLINE, f"target {me} is {public_state or 'unknown'}, "
                            "not SERVING")
+    if admin_offline:
+        raise status_error(StatusCode.TARGET_OFFLINE, f"target {me} is being taken offline by an admin; "
+                           "read another replica")
     if not readable(meta, allow_uncommitted):
         raise status_error(StatusCode.CHUNK_NOT_COMMIT, f"chunk {meta.chunk_id.hex()} has a pending update")
 
