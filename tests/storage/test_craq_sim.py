@@ -227,3 +227,43 @@ def test_a_failed_node_leaves_at_once_a_serving_one_waits_for_its_node():
     assert admin_offline_effective(ms.SERVING, 8, False, 0)
     for state in (ms.SYNCING, ms.WAITING, ms.OFFLINE, ms.LASTSRV):
         assert admin_offline_effective(state, 8, True, 0)
+
+
+@pytest.mark.parametrize("victim", [1, 2])  # the middle, the tail
+def test_a_partial_write_over_a_damaged_successor_sends_the_whole_chunk(victim):
+    """A successor whose committed copy fails its checksum does not apply a delta on it (its new version
+    would carry the damage under a fresh checksum): it asks for the whole chunk, and the write succeeds
+    with every replica holding the acknowledged bytes. (Real processes: tests/e2e/test_damaged_replica_writes.py.)"""
+    import dataclasses
+
+    sim = Simulation(1, drop_p=0.0)
+    cluster, cid = sim.cluster, sim.scenario.chunks[0]
+    cluster.start()
+    assert write_now(cluster, cid, bytes(range(64)), 1) == 1
+    store = cluster.nodes[write_targets(cluster.chain)[victim]].store
+    good = store.committed[cid]
+    damaged = dataclasses.replace(good, data=good.data[:10] + b"\xff" + good.data[11:])  # not under the write
+    object.__setattr__(damaged, "crc", good.crc)  # the bytes changed behind the store's back
+    store.committed[cid] = damaged
+    assert not store.verify(cid)
+    assert write_now(cluster, cid, b"xy", 2) == 2  # offset 0, 2 bytes: a delta into the committed extent
+    expected = b"xy" + bytes(range(2, 64))
+    assert {n.target_id: n.store.read_committed(cid) for n in cluster.nodes.values()} == {
+        t: (2, expected) for t in cluster.nodes}
+
+
+@pytest.mark.parametrize("kind, offset, length, committed, reads", [
+    ("write", 10, 5, 64, True),  # into the committed extent: copy-on-write reads it
+    ("write", 0, 64, 64, False),  # covers it all: a new file
+    ("write", 64, 5, 64, False),  # past its end: the stored checksum is extended
+    ("truncate", 0, 10, 64, True),  # cuts it
+    ("truncate", 0, 80, 64, False),  # extends it
+    ("write", 10, 5, 0, False),  # nothing committed
+])
+def test_which_deltas_read_the_committed_copy(kind, offset, length, committed, reads):
+    from threefs.rpc.schemas import storage as ss
+    from threefs.testing.sim_store import SimMeta
+
+    meta = SimMeta(b"c" * 16, 1, 1 if committed else 0, 1 if committed else 0, committed, 0, committed, 0)
+    req = ss.UpdateReq(1, 1, b"c" * 16, ss.WRITE if kind == "write" else ss.TRUNCATE, offset, length, 128)
+    assert craq.reads_base(meta, req) is reads

@@ -236,6 +236,10 @@ class StorageService:
                 return rsp
             if isinstance(e, craq.RefreshChain):
                 return (await self.mgmtd.refresh()).chain(e.chain_id)
+            if isinstance(e, craq.ReportDamage):
+                if self.scrubber is not None:  # after this flow releases the chunk lock the repair takes
+                    self._background(self.scrubber.report(e.target_id, e.chunk_id, e.found_by))
+                return None
             if isinstance(e, craq.Sleep):
                 return await asyncio.sleep(e.seconds)
             if isinstance(e, craq.Now):
