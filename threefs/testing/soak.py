@@ -114,8 +114,13 @@ class Soak:
 
     def flip_bits(self) -> str:
         """Flip one byte of a random chunk file (a committed version on one replica's disk)."""
-        files = [p for p in (self.work / "data").rglob("*") if p.is_file() and p.parent.parent.name == "data"
-                 and p.stat().st_size > 0]
+        files = []
+        for p in (self.work / "data").rglob("*"):
+            try:
+                if p.parent.parent.name == "data" and p.is_file() and p.stat().st_size > 0:
+                    files.append(p)
+            except FileNotFoundError:
+                continue  # replaced or removed by the storage service since the listing
         self.rng.shuffle(files)
         for victim in files:  # a chunk file may be replaced or removed between the listing and here
             try:
