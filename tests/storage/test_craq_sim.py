@@ -267,3 +267,29 @@ def test_which_deltas_read_the_committed_copy(kind, offset, length, committed, r
     meta = SimMeta(b"c" * 16, 1, 1 if committed else 0, 1 if committed else 0, committed, 0, committed, 0)
     req = ss.UpdateReq(1, 1, b"c" * 16, ss.WRITE if kind == "write" else ss.TRUNCATE, offset, length, 128)
     assert craq.reads_base(meta, req) is reads
+
+
+def test_a_syncing_target_holding_an_older_incarnation_takes_the_new_chunk():
+    """The real-process soak: a chunk was removed and written again (versions restart at 1) while the
+    tail was out of the chain; back as SYNCING, before its resync reached the chunk, it still held the
+    old incarnation (v5) and answered a live full replace of the new v2 with "already committed", so
+    the write failed with CHECKSUM_MISMATCH. It now takes the predecessor's chunk, as a resync does."""
+    import dataclasses
+
+    from threefs.rpc.schemas import mgmtd as ms
+
+    sim = Simulation(1, drop_p=0.0)
+    cluster, cid = sim.cluster, sim.scenario.chunks[0]  # no start(): no mgmtd pass, no resync
+    assert write_now(cluster, cid, b"new", 1) == 1
+    tail = cluster.nodes[write_targets(cluster.chain)[-1]]
+    old = dataclasses.replace(tail.store.committed[cid], ver=5, data=b"old incarnation")
+    tail.store.committed[cid] = old  # as if the chunk was removed and rewritten without it
+    chain = cluster.chain
+    cluster.chain = ms.ChainInfo(chain.chain_id, chain.version + 1, [
+        ms.ChainTarget(t.target_id, ms.SYNCING if t.target_id == tail.target_id else t.public_state)
+        for t in chain.targets])
+    for node in cluster.nodes.values():
+        cluster.learn(node)
+    assert write_now(cluster, cid, b"xy", 2) == 2
+    assert {n.target_id: n.store.read_committed(cid) for n in cluster.nodes.values()} == {
+        t: (2, b"xyw") for t in cluster.nodes}

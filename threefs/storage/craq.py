@@ -205,6 +205,8 @@ def update_flow(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload) -> Flo
         update_ver, full = req.update_ver, req.full_replace
         if req.kind != ss.REMOVE:
             decision = decide_at_successor(meta, update_ver, full)
+            if decision is Decision.COMMITTED and stale_incarnation(me, chain, req, meta):
+                return response((yield from sync_apply_flow(req, payload, meta, chain.version)))
             if decision is Decision.COMMITTED:
                 return response(meta)
             if decision is Decision.MISSING:
@@ -263,6 +265,21 @@ def check_newest(me: int, cid: bytes, data, meta, what: str) -> Flow:
                        f"chunk {cid.hex()} on target {me}: its newest version (v{meta.update_ver}, "
                        f"{len(data)} B, crc32c {crc32c.crc32c(data):08x}) fails its checksum "
                        f"{meta.pending_crc:08x}/{meta.pending_length} B; not sent ({what})")
+
+
+def stale_incarnation(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, meta) -> bool:
+    """Does a SYNCING target hold an older incarnation of the chunk than the whole chunk its predecessor
+    sends, under a version number at least as high? Versions restart at 1 when a chunk is removed and
+    written again: a target that was out of the chain when the removal committed still holds the old
+    chunk (say v5) until its resync removes it, and took a live full replace of the new v2 for
+    "already committed" (a write then failed with CHECKSUM_MISMATCH: the real-process soak, lengths
+    differing). A SYNCING target takes its predecessor's chunk as it is, as a resync does, when its
+    copy was committed under an older chain version than the current one: before it left the chain.
+    (A copy written in this chain version came from this predecessor, which sends a chunk's versions
+    in order: a lower version arriving now is a late duplicate, and must not take back a newer one.)"""
+    return (req.full_replace and req.kind == ss.WRITE and meta is not None
+            and _state_of(chain, me) == ms.SYNCING and meta.chain_ver < chain.version
+            and (meta.commit_ver != req.update_ver or meta.crc != req.crc or meta.length != req.length))
 
 
 def apply_flow(me: int, req: ss.UpdateReq, payload, update_ver: int, full: bool, chain_ver: int,

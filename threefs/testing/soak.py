@@ -173,6 +173,7 @@ class Soak:
         result = {
             "minutes": round(elapsed / 60, 1), "seed": self.seed, "worker_exit": worker_rc,
             "ops": report.get("ops", {}), "op_failures": report.get("failures", {}),
+            "op_failure_messages": report.get("failure_messages", []),
             "faults": self.faults, "events": self.events,
             "resyncs_done": _count(logs, "resync of target", " done: "),
             "repairs": _count(logs, " repaired"),
