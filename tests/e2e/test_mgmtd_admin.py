@@ -112,6 +112,8 @@ def test_offline_online_target_and_scale_out(private_cluster, capsys, rng):
         chain = r.chains[min(r.chains)]
         a, b, c = (t.target_id for t in chain.targets)
         assert admin(capsys, config, "offline-target", str(a))[0] == 0
+        for _ in range(10):  # a refuses reads from when its routing shows the override: readers go on
+            assert fs.read_bytes("/x") == data
         assert admin(capsys, config, "offline-target", str(b))[0] == 0
         wait_for(lambda: [t.public_state for t in routing(fs).chains[chain.chain_id].targets]
                  == [ms.SERVING, ms.OFFLINE, ms.OFFLINE], "two targets to go OFFLINE")

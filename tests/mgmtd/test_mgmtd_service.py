@@ -22,6 +22,7 @@ from threefs.rpc.client import RpcClient
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas.common import Empty
 from threefs.rpc.server import CallContext, RpcServer
+from threefs.storage import craq
 
 TOKEN = "t" * 64
 
@@ -168,6 +169,70 @@ def test_heartbeats_failure_detection_and_chain_states():
         await beat(102, ms.ONLINE)  # a heartbeat racing sync_done does not undo it
         await a.update_chains()
         assert a.routing.chains[1].targets[1].public_state == ms.SERVING
+
+    run(main())
+
+
+def test_an_admin_offlined_serving_target_leaves_its_chain_once_its_node_has_seen_it():
+    """The simulator's seed 98733: dropping a SERVING target at once let the chain acknowledge writes
+    without it while it still served reads on its old routing. It now stays SERVING (and takes writes)
+    until a heartbeat of its node carries the routing version that set admin_offline, or the node fails."""
+    async def main():
+        clock, a, _ = await pair()
+        admin = MgmtdAdmin(a)
+        nodes = (101, 102, 103)
+        for n in nodes:
+            await a.register(ctx(), ms.RegisterReq(n, ms.STORAGE, f"s:{n}", failure_domain=str(n),
+                                                   targets=[n * 100 + 1]))
+        await admin.create_chain_table(ctx(), ms.CreateChainTableReq(1, 3))
+        hb = dict.fromkeys(nodes, 0)
+        seen = dict.fromkeys(nodes, a.routing.version)  # each node's routing version
+
+        async def beat(node: int):
+            hb[node] += 1
+            tid = node * 100 + 1  # reported as a storage service does (from the chain: it is current here)
+            local = craq.local_state(next((t.public_state for t in a.routing.chains[1].targets
+                                           if t.target_id == tid), None) if a.routing.chains else ms.SERVING)
+            await a.heartbeat(ctx(), ms.HeartbeatReq(node, hb[node], [ms.LocalTarget(tid, local)],
+                                                     routing_version=seen[node]))
+
+        async def tick(silent=()):
+            clock.t += 1.0
+            for n in nodes:
+                if n not in silent:
+                    await beat(n)
+            await a.lease_pass()
+            await a.check_heartbeats()
+            await a.update_chains()
+
+        for _ in range(4):  # through bootstrapping
+            await tick()
+        states = lambda: {t.target_id: t.public_state for t in a.routing.chains[1].targets}  # noqa: E731
+        assert set(states().values()) == {ms.SERVING}
+        await admin.offline_target(ctx(), ms.TargetAdminReq(10101, True))
+        offline_ver = a.routing.targets[10101].admin_offline_ver
+        assert a.routing.targets[10101].admin_offline and offline_ver == a.routing.version
+        for _ in range(3):  # its node heartbeats with the routing it had before: it keeps serving
+            await tick()
+        assert states()[10101] == ms.SERVING
+        # a second target may go (the third still serves); the third, the last not leaving, may not
+        await admin.offline_target(ctx(), ms.TargetAdminReq(10201, True))
+        with pytest.raises(ThreeFSError, match="only SERVING target"):
+            await admin.offline_target(ctx(), ms.TargetAdminReq(10301, True))
+        # node 101 fetches the routing and heartbeats with it: its target leaves the chain
+        seen[101] = a.routing.version
+        await tick()
+        assert states() == {10101: ms.OFFLINE, 10201: ms.SERVING, 10301: ms.SERVING}
+        # node 102 never sees it, but goes silent past the timeout: failed, so its target leaves too
+        for _ in range(4):
+            await tick(silent=(102,))
+        assert not a.routing.nodes[102].alive
+        assert states() == {10101: ms.OFFLINE, 10201: ms.OFFLINE, 10301: ms.SERVING}
+        # back online: it resyncs (SYNCING) as before
+        await admin.offline_target(ctx(), ms.TargetAdminReq(10101, False))
+        seen[101] = a.routing.version
+        await tick(silent=(102,))
+        assert states()[10101] == ms.SYNCING
 
     run(main())
 

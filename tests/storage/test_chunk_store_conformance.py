@@ -380,3 +380,15 @@ def test_both_stores_answer_a_random_history_alike(tmp_path, seed, engine_cls):
         assert [view(m) for m in engine.s.iter_metas()] == [view(m) for m in sim.s.iter_metas()]
     finally:
         engine.close()
+
+
+def test_verify_checks_the_committed_copy(store):
+    """`verify` (the scrub's, and the CRAQ flows' before a delta lands on the committed bytes): True for
+    a committed chunk and for a chunk with only a pending version, CHUNK_NOT_FOUND for an unknown one."""
+    s = store.s
+    assert code_of(s.verify, cid(40)) == StatusCode.CHUNK_NOT_FOUND
+    write(s, cid(40), 1, b"abc")
+    assert s.verify(cid(40))  # nothing committed yet
+    s.commit(cid(40), 1)
+    write(s, cid(40), 2, b"z", offset=1)
+    assert s.verify(cid(40)) and craq.apply_to_store(s, craq.VerifyCommitted(cid(40)))

@@ -72,8 +72,10 @@ def problems(st: ms.MgmtdStatusRsp, unreachable: list[str] = (), mgmtds: list[ms
                        f"restart it (`threefs up` restarts missing local services)")
     for t in sorted(r.targets.values(), key=lambda t: t.target_id):
         if t.admin_offline:
+            leaving = (f"; it still SERVES and takes writes until node {t.node_id} has seen that (its next "
+                       "heartbeats), then it leaves its chain") if t.public_state == ms.SERVING else ""
             out.append(f"target {t.target_id} was taken offline by an admin "
-                       f"(`threefs admin online-target {t.target_id}` returns it)")
+                       f"(`threefs admin online-target {t.target_id}` returns it){leaving}")
     for chain in sorted(r.chains.values(), key=lambda c: c.chain_id):
         out.extend(_chain_problems(chain))
     return out

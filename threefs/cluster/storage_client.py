@@ -202,7 +202,7 @@ class StorageClient:
             try:
                 targets = serving.get(it.chain_id)
                 if targets is None:
-                    targets = serving[it.chain_id] = serving_targets(routing.chain(it.chain_id))
+                    targets = serving[it.chain_id] = _readable(routing, serving_targets(routing.chain(it.chain_id)))
                 if not targets:
                     raise status_error(StatusCode.NO_SERVING_TARGET, f"chain {it.chain_id} has no "
                                        f"SERVING target ({routing.describe_chain(it.chain_id)})")
@@ -276,6 +276,13 @@ class StorageClient:
                 it.dest[res.length:] = bytes(it.length - res.length)
             pos = align_up(pos + res.length)
             it.result = res.length
+
+
+def _readable(routing: Routing, targets: list[int]) -> list[int]:
+    """SERVING targets minus those an admin is taking offline (they refuse reads while they leave their
+    chain), unless that leaves none."""
+    info = routing.info.targets
+    return [t for t in targets if t not in info or not info[t].admin_offline] or targets
 
 
 def _addr_or_none(routing: Routing, target: int) -> str | None:

@@ -60,7 +60,12 @@ class MgmtdAdmin:
     # -- target and chain overrides ------------------------------------------------------------------
     @rpc(s.TargetAdminReq)
     async def offline_target(self, ctx: CallContext, req: s.TargetAdminReq) -> s.OkRsp:
-        """Take a target out of service (maintenance, a failing disk) or put it back (`offline=False`)."""
+        """Take a target out of service (maintenance, a failing disk) or put it back (`offline=False`).
+
+        A SERVING target leaves its chain only once its node has seen this (its heartbeat carries the
+        new routing version; it then refuses reads) or its node is failed: until then it keeps taking
+        writes, so no read it serves can miss an acknowledged one (chain_state.admin_offline_effective;
+        typically two heartbeat intervals)."""
         require_cluster(ctx.principal, "taking a target offline")
         async with self.svc._lock:
             routing = self.svc.check_primary()
@@ -71,6 +76,8 @@ class MgmtdAdmin:
             if req.offline and not req.force:
                 _refuse_last_server(routing, info)
             new = copy.copy(info)
+            if req.offline and not info.admin_offline:
+                new.admin_offline_ver = routing.version + 1  # the version this commit publishes
             new.admin_offline = req.offline
             await self.svc.commit([new])
         log.warning("target %d %s by admin", req.target_id, "taken offline" if req.offline else "put back")
@@ -165,7 +172,8 @@ def _refuse_last_server(routing: s.RoutingInfo, info: s.TargetInfo) -> None:
     chain = routing.chains.get(info.chain_id)
     if chain is None:
         return
-    refusal = offline_refusal(chain, info.target_id)
+    leaving = {t.target_id for t in routing.targets.values() if t.admin_offline}
+    refusal = offline_refusal(chain, info.target_id, leaving)
     if refusal is not None:
         raise status_error(StatusCode.INVALID_ARGUMENT, refusal)
 

@@ -19,7 +19,7 @@ Admin overrides (3FS `admin_cli`): `rotate_lastsrv` gives up on a LASTSRV head t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import NamedTuple
 
 from threefs.rpc.schemas.mgmtd import (
@@ -183,10 +183,27 @@ def sync_done_refusal(chain: ChainInfo, target_id: int, sync_chain_ver: int) -> 
     return None
 
 
-def offline_refusal(chain: ChainInfo, target_id: int) -> str | None:
+def offline_refusal(chain: ChainInfo, target_id: int, leaving: Container[int] = ()) -> str | None:
     """Why an admin may not take `target_id` offline without --force (None: it may): it is the only
-    SERVING target of its chain, and all IO to the chain would stop."""
-    if [t.target_id for t in chain.targets if t.public_state == SERVING] == [target_id]:
+    SERVING target of its chain that is not already being taken offline (`leaving`: the targets whose
+    admin_offline is set), and all IO to the chain would stop."""
+    serving = [t.target_id for t in chain.targets if t.public_state == SERVING and t.target_id not in leaving]
+    if serving == [target_id]:
         return (f"target {target_id} is the only SERVING target of chain {chain.chain_id}: taking it "
                 "offline stops all IO to that chain (add --force to do it anyway)")
     return None
+
+
+def admin_offline_effective(public_state: str, offline_ver: int, node_alive: bool, node_routing_ver: int) -> bool:
+    """Does a target that an admin took offline (routing version `offline_ver` set its admin_offline)
+    count as locally OFFLINE yet, so that the chain drops it?
+
+    Dropping a SERVING target at once opens a stale-read window (the simulator, seed 98733): the chain
+    acknowledges writes without it while it still serves reads on its old routing, to clients whose
+    routing also still lists it. So a SERVING target stays in the chain (it keeps taking every write)
+    until it can no longer serve a read: its node has heartbeated with routing at least `offline_ver`
+    (`node_routing_ver`, carried by the heartbeat: from then on the target refuses reads,
+    `storage.craq.read_check`), or its node is failed (silent for the heartbeat timeout: it fenced
+    itself after half of it). A target that serves no reads (SYNCING, WAITING, OFFLINE, LASTSRV) has
+    nothing to wait for."""
+    return public_state != SERVING or not node_alive or node_routing_ver >= offline_ver

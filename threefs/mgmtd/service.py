@@ -19,7 +19,7 @@ from threefs.common.config import ServiceConfig
 from threefs.common.health import PROBLEM_CHARS_MAX, PROBLEMS_MAX
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.kv import Transaction
-from threefs.mgmtd.chain_state import next_chain, sync_done_refusal
+from threefs.mgmtd.chain_state import admin_offline_effective, next_chain, sync_done_refusal
 from threefs.mgmtd.store import MgmtdStore, read_lease
 from threefs.rpc.auth import TokenAuthenticator, require_cluster, token_entries
 from threefs.rpc.schemas import mgmtd as s
@@ -45,6 +45,7 @@ class MgmtdService:
         self.lease: s.MgmtdLease | None = None
         self.routing: s.RoutingInfo | None = None
         self.last_heartbeat: dict[int, float] = {}  # node id -> clock()
+        self.node_routing: dict[int, int] = {}  # node id -> routing version its last heartbeat was sent with
         self.local_states: dict[int, str] = {}  # target id -> local state from heartbeats
         self.synced: set[int] = set()  # targets whose resync finished, until they are SERVING
         self.syncs: dict[int, tuple[float, list[s.SyncProgress]]] = {}  # node id -> (clock, its resyncs)
@@ -116,6 +117,7 @@ class MgmtdService:
             await self.store.save([], routing.version, self._guard)
             self.routing = routing
             self.last_heartbeat.clear()
+            self.node_routing.clear()
             self.local_states.clear()
             self.synced.clear()
             self.syncs.clear()
@@ -232,6 +234,7 @@ class MgmtdService:
         self.last_heartbeat[req.node_id] = self.clock()
         node.hb_version = req.hb_version
         node.last_heartbeat_ns = time.time_ns()
+        self.node_routing[req.node_id] = max(req.routing_version, self.node_routing.get(req.node_id, 0))
         self._record_targets(req)
         if not node.alive:
             async with self._lock:
@@ -240,6 +243,14 @@ class MgmtdService:
                 await self.commit([revived])
             log.warning("node %d (%s) is back", req.node_id, node.addr)
         return s.HeartbeatRsp(routing.version)
+
+    def _admin_offline_effective(self, info: s.TargetInfo) -> bool:
+        node = self.routing.nodes.get(info.node_id)
+        chain = self.routing.chains.get(info.chain_id)
+        public = next((t.public_state for t in chain.targets if t.target_id == info.target_id),
+                      info.public_state) if chain is not None else info.public_state
+        return admin_offline_effective(public, info.admin_offline_ver, node is not None and node.alive,
+                                       self.node_routing.get(info.node_id, 0))
 
     def _record_targets(self, req: s.HeartbeatReq) -> None:
         problems = [p[:PROBLEM_CHARS_MAX] for p in req.problems[:PROBLEMS_MAX]]
@@ -331,11 +342,12 @@ class MgmtdService:
             await self.commit(failed)
 
     def _local_view(self, chain: s.ChainInfo) -> dict[int, str]:
-        """Local states as the state machine sees them: admin-offlined targets count as OFFLINE."""
+        """Local states as the state machine sees them: admin-offlined targets count as OFFLINE once
+        they serve no more reads (`chain_state.admin_offline_effective`)."""
         out = {}
         for t in chain.targets:
             info = self.routing.targets.get(t.target_id)
-            offline = info is None or info.admin_offline
+            offline = info is None or (info.admin_offline and self._admin_offline_effective(info))
             out[t.target_id] = s.LOCAL_OFFLINE if offline else self.local_states.get(t.target_id,
                                                                                      s.LOCAL_OFFLINE)
         return out

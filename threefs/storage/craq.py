@@ -86,6 +86,18 @@ class Commit:  # -> committed ChunkMeta | None (None: removed)
 
 
 @dataclass
+class VerifyCommitted:  # -> bool: the committed bytes match their checksum (re-read from the store)
+    chunk_id: bytes
+
+
+@dataclass
+class ReportDamage:  # -> None: a replica's copy fails its checksum; record it and repair it in the
+    target_id: int  # background from a verified copy on another replica (storage/scrub.py)
+    chunk_id: bytes
+    found_by: str
+
+
+@dataclass
 class Forward:  # -> UpdateRsp of the successor (raises its error)
     target_id: int
     req: ss.UpdateReq
@@ -120,7 +132,7 @@ class LockChunk:  # -> None once the flow holds target_id's lock of the chunk; t
 
 
 Flow = Generator[Any, Any, Any]
-STORE_EFFECTS = (GetMeta, ReadNewest, Write, Truncate, Remove, Commit)
+STORE_EFFECTS = (GetMeta, ReadNewest, Write, Truncate, Remove, Commit, VerifyCommitted)
 
 
 def apply_to_store(store, e):
@@ -140,6 +152,8 @@ def apply_to_store(store, e):
         return store.remove(e.chunk_id, update_ver=e.update_ver, chain_ver=e.chain_ver, last_request=e.tag)
     if isinstance(e, Commit):
         return store.commit(e.chunk_id, e.update_ver, chain_ver=e.chain_ver)
+    if isinstance(e, VerifyCommitted):
+        return store.verify(e.chunk_id)
     if isinstance(e, ReadNewest):
         try:
             return store.read(e.chunk_id, 0, e.chunk_size, pending=True)[0]
@@ -191,25 +205,92 @@ def update_flow(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload) -> Flo
         update_ver, full = req.update_ver, req.full_replace
         if req.kind != ss.REMOVE:
             decision = decide_at_successor(meta, update_ver, full)
+            if decision is Decision.COMMITTED and stale_incarnation(me, chain, req, meta):
+                return response((yield from sync_apply_flow(req, payload, meta, chain.version)))
             if decision is Decision.COMMITTED:
                 return response(meta)
             if decision is Decision.MISSING:
                 raise status_error(StatusCode.MISSING_UPDATE,
                                    f"target {me} misses versions before {update_ver} of chunk "
                                    f"{req.chunk_id.hex()} (has {meta.commit_ver if meta else 0})")
-    pending = yield from apply_flow(req, payload, update_ver, full, chain.version)
+    if not full and reads_base(meta, req):
+        yield from check_base(me, req, meta)
+    pending = yield from apply_flow(me, req, payload, update_ver, full, chain.version, meta)
     yield from forward_flow(me, chain, req, payload, update_ver, full, pending)
     committed = yield Commit(req.chunk_id, update_ver, chain.version)
     return response(committed)
 
 
-def apply_flow(req: ss.UpdateReq, payload, update_ver: int, full: bool, chain_ver: int) -> Flow:
+def reads_base(meta, req: ss.UpdateReq) -> bool:
+    """Does applying this delta (not a full replace) read the committed bytes it lands on? Then a
+    damaged committed copy would be carried into the new version under a freshly computed checksum
+    (the chunk engine's copy-on-write: a write into the committed extent, a truncate that cuts it).
+    Writes past the committed end extend the stored checksum instead, so damage stays detectable."""
+    if meta is None or not meta.commit_ver or not meta.length:
+        return False
+    if req.kind == ss.TRUNCATE:
+        return req.length < meta.length
+    if req.kind == ss.WRITE:
+        return req.offset < meta.length and not (req.offset == 0 and req.length >= meta.length)
+    return False
+
+
+def check_base(me: int, req: ss.UpdateReq, meta) -> Flow:
+    """Verify our committed copy before a delta is applied on it (`reads_base`). A damaged copy at a
+    successor asks its predecessor for the whole new chunk (MISSING_UPDATE: the same answer as for
+    missed versions; the full replace repairs it); at the head, whose copy every replica's new version
+    would be composed from, the write fails with a status the client retries (CHUNK_LOCKED) while the
+    chunk is repaired from a verified copy on another replica."""
+    if (yield VerifyCommitted(req.chunk_id)):
+        return
+    cid = req.chunk_id.hex()
+    if req.from_target:  # no repair of our own: the whole chunk arrives in this same update
+        raise status_error(StatusCode.MISSING_UPDATE,
+                           f"target {me} holds a damaged copy of chunk {cid} (v{meta.commit_ver} fails its "
+                           "checksum): send the whole chunk")
+    yield ReportDamage(me, req.chunk_id, "write")
+    raise status_error(StatusCode.CHUNK_LOCKED,
+                       f"chunk {cid} on head target {me} fails its checksum (v{meta.commit_ver}); it is being "
+                       "repaired from another replica: retry")
+
+
+def check_newest(me: int, cid: bytes, data, meta, what: str) -> Flow:
+    """The newest version's bytes we are about to build on or send whole must match the checksum the
+    store recorded for them (`meta`'s pending fields describe the newest version): a damaged copy must
+    never go out under a checksum computed afresh from it."""
+    if meta is None or (len(data) == meta.pending_length and crc32c.crc32c(data) == meta.pending_crc):
+        return
+    yield ReportDamage(me, cid, what)
+    raise status_error(StatusCode.CHECKSUM_MISMATCH,
+                       f"chunk {cid.hex()} on target {me}: its newest version (v{meta.update_ver}, "
+                       f"{len(data)} B, crc32c {crc32c.crc32c(data):08x}) fails its checksum "
+                       f"{meta.pending_crc:08x}/{meta.pending_length} B; not sent ({what})")
+
+
+def stale_incarnation(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, meta) -> bool:
+    """Does a SYNCING target hold an older incarnation of the chunk than the whole chunk its predecessor
+    sends, under a version number at least as high? Versions restart at 1 when a chunk is removed and
+    written again: a target that was out of the chain when the removal committed still holds the old
+    chunk (say v5) until its resync removes it, and took a live full replace of the new v2 for
+    "already committed" (a write then failed with CHECKSUM_MISMATCH: the real-process soak, lengths
+    differing). A SYNCING target takes its predecessor's chunk as it is, as a resync does, when its
+    copy was committed under an older chain version than the current one: before it left the chain.
+    (A copy written in this chain version came from this predecessor, which sends a chunk's versions
+    in order: a lower version arriving now is a late duplicate, and must not take back a newer one.)"""
+    return (req.full_replace and req.kind == ss.WRITE and meta is not None
+            and _state_of(chain, me) == ms.SYNCING and meta.chain_ver < chain.version
+            and (meta.commit_ver != req.update_ver or meta.crc != req.crc or meta.length != req.length))
+
+
+def apply_flow(me: int, req: ss.UpdateReq, payload, update_ver: int, full: bool, chain_ver: int,
+               meta=None) -> Flow:
     """Write the pending version; a head with `full` composes it on its newest version."""
     cid, tag = req.chunk_id, tag_bytes(req)
     if req.kind == ss.REMOVE:
         return (yield Remove(cid, update_ver, chain_ver, tag))
     if full and req.from_target == 0:
         newest = yield ReadNewest(cid, req.chunk_size)
+        yield from check_newest(me, cid, newest, meta, "composing a write on it")
         data = compose(newest, req, payload)
         return (yield Write(cid, update_ver, chain_ver, 0, data, req.chunk_size, True, tag))
     if req.kind == ss.TRUNCATE:
@@ -256,7 +337,7 @@ def forward_flow(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload, updat
         syncing = any(t.target_id == successor and t.public_state == ms.SYNCING for t in chain.targets)
         try:
             fwd, body = yield from successor_request(me, chain, req, payload, update_ver,
-                                                     full or syncing)
+                                                     full or syncing, pending)
             rsp = yield Forward(successor, fwd, body)
             check_successor(req, rsp, pending, successor)
             return
@@ -277,13 +358,15 @@ def _state_of(chain: ms.ChainInfo, target_id: int) -> str | None:
 
 
 def successor_request(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload, update_ver: int,
-                      full: bool) -> Flow:
-    """The request (and payload) for our successor: the same delta, or our whole newest chunk."""
+                      full: bool, pending=None) -> Flow:
+    """The request (and payload) for our successor: the same delta, or our whole newest chunk
+    (checked against `pending`, the meta our write of this version returned)."""
     fwd = ss.UpdateReq(req.chain_id, chain.version, req.chunk_id, req.kind, req.offset, req.length,
                        req.chunk_size, req.crc, req.tag, update_ver, full, me)
     if not full or req.kind == ss.REMOVE:
         return fwd, (payload if req.kind == ss.WRITE else None)
     data = yield ReadNewest(req.chunk_id, req.chunk_size)
+    yield from check_newest(me, req.chunk_id, data, pending, "sending the whole chunk to a successor")
     fwd.offset, fwd.kind, fwd.length, fwd.crc = 0, ss.WRITE, len(data), crc32c.crc32c(data)
     return fwd, data
 
@@ -434,13 +517,22 @@ class ExactlyOnce:
             self._results.popitem(last=False)
 
 
-def read_check(me: int, public_state: str | None, meta, allow_uncommitted: bool) -> None:
-    """May target `me` serve a read of this chunk? Raises the error the reader should see."""
+def read_check(me: int, public_state: str | None, meta, allow_uncommitted: bool,
+               admin_offline: bool = False) -> None:
+    """May target `me` serve a read of this chunk? Raises the error the reader should see.
+
+    `admin_offline`: our routing says an admin took the target offline. It stops serving reads at
+    once, while it is still SERVING and takes writes: mgmtd drops it from the chain only after our
+    node's heartbeat shows that it has seen this routing (mgmtd.chain_state.admin_offline_effective),
+    so no read served here can miss a write the chain acknowledged without us."""
     from threefs.storage.replica import readable
 
     if public_state != ms.SERVING:
         raise status_error(StatusCode.TARGET_OFFLINE, f"target {me} is {public_state or 'unknown'}, "
                            "not SERVING")
+    if admin_offline:
+        raise status_error(StatusCode.TARGET_OFFLINE, f"target {me} is being taken offline by an admin; "
+                           "read another replica")
     if not readable(meta, allow_uncommitted):
         raise status_error(StatusCode.CHUNK_NOT_COMMIT, f"chunk {meta.chunk_id.hex()} has a pending update")
 
@@ -529,6 +621,7 @@ def resync_chunk_flow(me: int, successor: int, chain: ms.ChainInfo, chunk_id: by
                            update_ver=1)
         return (yield Forward(successor, req, None))
     data = yield ReadNewest(chunk_id, meta.pending_length)
+    yield from check_newest(me, chunk_id, data, meta, "resync")
     req = ss.UpdateReq(chain.chain_id, chain.version, chunk_id, ss.WRITE, 0, len(data),
                        max(len(data), 1), crc32c.crc32c(data), update_ver=meta.update_ver,
                        full_replace=True, from_target=me, sync=True)

@@ -135,8 +135,11 @@ class StorageService:
         self.hb_version += 1
         syncs = sync_reports(self.resync, routing, self.engines)
         sent, was_fenced = self.fence.now(), self.fence.fenced
+        # routing_version: what we have seen. Our reads judge on this routing or newer, so once mgmtd
+        # has it, a target it marked admin_offline serves no more reads here and may leave its chain.
         rsp = await self.mgmtd.call("heartbeat", ms.HeartbeatReq(self.config.node_id, self.hb_version,
-                                                                 targets, syncs, self.problems.current()),
+                                                                 targets, syncs, self.problems.current(),
+                                                                 routing.version if routing else 0),
                                     ms.HeartbeatRsp,
                                     timeout=self.fence.call_timeout_s)
         if was_fenced or routing is None or rsp.routing_version != routing.version:
@@ -235,6 +238,10 @@ class StorageService:
                 return rsp
             if isinstance(e, craq.RefreshChain):
                 return (await self.mgmtd.refresh()).chain(e.chain_id)
+            if isinstance(e, craq.ReportDamage):
+                if self.scrubber is not None:  # after this flow releases the chunk lock the repair takes
+                    self._background(self.scrubber.report(e.target_id, e.chunk_id, e.found_by))
+                return None
             if isinstance(e, craq.Sleep):
                 return await asyncio.sleep(e.seconds)
             if isinstance(e, craq.Now):
@@ -251,7 +258,8 @@ class StorageService:
         routing = await self.mgmtd.get()
         for io in req.ios:
             target = routing.info.targets.get(io.target_id)
-            if io.target_id in self.engines and (target is None or target.public_state != ms.SERVING):
+            if io.target_id in self.engines and (target is None or target.public_state != ms.SERVING
+                                                 or target.admin_offline):
                 routing = await self.mgmtd.refresh()  # maybe we are behind; then judge again
                 break
         lease = ctx.conn.server.pool.acquire(sum(align_up(io.length) for io in req.ios))
@@ -288,17 +296,18 @@ class StorageService:
                                              f"target {io.target_id} is not on node {self.config.node_id}"))
                 continue
             results.append(self._read_one(engine, io, target.public_state if target else None,
-                                          req.allow_uncommitted, out[pos:pos + io.length], nowait))
+                                          req.allow_uncommitted, out[pos:pos + io.length], nowait,
+                                          target is not None and target.admin_offline))
             end = pos + results[-1].length
             pos = align_up(end)
         return results, end
 
     @staticmethod
     def _read_one(engine: ChunkEngine, io: ss.ReadIO, public_state: str | None, allow_uncommitted: bool,
-                  out: memoryview, nowait: bool = False):
+                  out: memoryview, nowait: bool = False, admin_offline: bool = False):
         meta = engine.get_meta(io.chunk_id)
         try:
-            craq.read_check(io.target_id, public_state, meta, allow_uncommitted)
+            craq.read_check(io.target_id, public_state, meta, allow_uncommitted, admin_offline)
         except ThreeFSError as e:
             return ss.ReadResult(int(e.code), 0, e.message)
         if meta is None:

@@ -133,6 +133,15 @@ class SimStore:
             data = self.read_committed(cid)[1]
         return data[offset:offset + length] if offset < len(data) else b"", meta
 
+    def verify(self, cid: bytes) -> bool:
+        """The committed bytes match their checksum (ChunkEngine.verify; nothing here damages them, so
+        this only fails for a copy changed behind the store's back, as a test may do); CHUNK_NOT_FOUND
+        for an unknown chunk."""
+        if self.get_meta(cid) is None:
+            raise status_error(StatusCode.CHUNK_NOT_FOUND, f"chunk {cid.hex()} not found")
+        c = self.committed.get(cid)
+        return c is None or crc32c.crc32c(c.data) == c.crc
+
     def read_committed(self, cid: bytes) -> tuple[int, bytes]:
         """(committed version, its bytes); (0, b"") when none (the simulator's checker reads this)."""
         c = self.committed.get(cid)

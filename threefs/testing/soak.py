@@ -114,8 +114,13 @@ class Soak:
 
     def flip_bits(self) -> str:
         """Flip one byte of a random chunk file (a committed version on one replica's disk)."""
-        files = [p for p in (self.work / "data").rglob("*") if p.is_file() and p.parent.parent.name == "data"
-                 and p.stat().st_size > 0]
+        files = []
+        for p in (self.work / "data").rglob("*"):
+            try:
+                if p.parent.parent.name == "data" and p.is_file() and p.stat().st_size > 0:
+                    files.append(p)
+            except FileNotFoundError:
+                continue  # replaced or removed by the storage service since the listing
         self.rng.shuffle(files)
         for victim in files:  # a chunk file may be replaced or removed between the listing and here
             try:
@@ -168,6 +173,7 @@ class Soak:
         result = {
             "minutes": round(elapsed / 60, 1), "seed": self.seed, "worker_exit": worker_rc,
             "ops": report.get("ops", {}), "op_failures": report.get("failures", {}),
+            "op_failure_messages": report.get("failure_messages", []),
             "faults": self.faults, "events": self.events,
             "resyncs_done": _count(logs, "resync of target", " done: "),
             "repairs": _count(logs, " repaired"),

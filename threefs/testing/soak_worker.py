@@ -38,12 +38,16 @@ BLOCKS_PER_FILE = 64
 NS_NAMES = 64
 
 
+FAILURE_MESSAGES_KEPT = 20  # per thread
+
+
 class Recorder:
     def __init__(self, out: Path, name: str):
         self.name = name
         self._f = open(out / f"{name}.log", "a", buffering=1)
         self.ops: dict[str, int] = {}
         self.failures: dict[str, int] = {}
+        self.failure_messages: list[str] = []  # the first few, to say why operations failed
         self.corrupt: list[str] = []
         self.longest_stall_s = 0.0
         self.bytes_acked = 0
@@ -59,6 +63,8 @@ class Recorder:
                 self.ops[key] = self.ops.get(key, 0) + 1
             else:
                 self.failures[f"{kind}:{e.code.name}"] = self.failures.get(f"{kind}:{e.code.name}", 0) + 1
+                if len(self.failure_messages) < FAILURE_MESSAGES_KEPT:
+                    self.failure_messages.append(f"{time.strftime('%H:%M:%S')} {kind}: {e}"[:600])
             return False, e
         finally:
             self.longest_stall_s = max(self.longest_stall_s, time.monotonic() - t0)
@@ -275,8 +281,10 @@ def main(argv: list[str]) -> int:
         t.start()
     for t in threads:
         t.join()
-    report = {"ops": {}, "failures": {}, "corrupt_reads": [], "longest_stall_s": 0.0, "bytes_acked": 0}
+    report = {"ops": {}, "failures": {}, "failure_messages": [], "corrupt_reads": [], "longest_stall_s": 0.0,
+              "bytes_acked": 0}
     for rec in recorders:
+        report["failure_messages"] += rec.failure_messages
         for k, v in rec.ops.items():
             report["ops"][k] = report["ops"].get(k, 0) + v
         for k, v in rec.failures.items():

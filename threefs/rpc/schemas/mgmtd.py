@@ -60,6 +60,7 @@ class TargetInfo(msgspec.Struct):
     admin_offline: bool = False  # `threefs admin offline-target`: counts as locally OFFLINE until undone
     free_bytes: int = 0  # free space of the file system the target lives on (statfs; meta.statfs)
     fs_id: str = ""  # that file system's id on its host ("" = not reported), so shared disks count once
+    admin_offline_ver: int = 0  # the routing version that set admin_offline (chain_state.admin_offline_effective)
 
 
 class ChainTarget(msgspec.Struct):
@@ -127,6 +128,7 @@ class HeartbeatReq(msgspec.Struct):
     targets: list[LocalTarget] = []
     syncs: list[SyncProgress] = []
     problems: list[str] = []  # what the node knows is wrong with itself (common/health.py), bounded
+    routing_version: int = 0  # the node's routing when it sent this: what it has seen (admin offline waits for it)
 
 
 class HeartbeatRsp(msgspec.Struct):

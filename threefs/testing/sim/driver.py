@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass, field
 
 from threefs.common.status import StatusCode, ThreeFSError, status_error
-from threefs.mgmtd.chain_state import next_chain, sync_done_refusal
+from threefs.mgmtd.chain_state import admin_offline_effective, next_chain, sync_done_refusal
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas import storage as ss
 from threefs.storage import craq
@@ -36,7 +36,9 @@ class Node:
     store: SimStore = field(default_factory=SimStore)
     up: bool = True
     epoch: int = 0  # bumped on crash and restart: processes of an older epoch die
-    view: ms.ChainInfo | None = None  # this node's (possibly stale) routing
+    view: ms.ChainInfo | None = None  # this node's (possibly stale) routing: the chain,
+    view_offline: frozenset = frozenset()  # the targets it shows admin-offlined (TargetInfo.admin_offline)
+    view_version: int = 0  # and its routing version
     locks: dict = field(default_factory=dict)  # chunk id -> list of waiting resume callbacks (FIFO)
     replica: craq.ReplicaState = field(default_factory=craq.ReplicaState)  # lost on a crash
     synced: bool = False  # mgmtd accepted its sync_done (mgmtd's `synced` set)
@@ -60,8 +62,7 @@ class Cluster:
         ids = [10 + i for i in range(replicas)]
         self.nodes = {t: Node(t) for t in ids}
         self.chain = ms.ChainInfo(CHAIN_ID, 1, [ms.ChainTarget(t, ms.SERVING) for t in ids])
-        for n in self.nodes.values():
-            n.view = self.chain
+        self.routing_version = 1  # mgmtd's RoutingInfo.version: bumped by chain and admin changes
         self.client_node = Node(0)  # where client messages come from (never crashes)
         self.drop_p = drop_p
         # what a node reports comes from its own (maybe stale) routing, as the service does; False: from
@@ -70,8 +71,12 @@ class Cluster:
         self.on_commit = on_commit or (lambda now, cid, store: None)
         self.down_since: dict[int, float] = {}
         self.admin_offline: set[int] = set()  # mgmtd's TargetInfo.admin_offline
+        self.offline_ver: dict[int, int] = {}  # TargetInfo.admin_offline_ver
+        self.node_routing: dict[int, int] = {}  # mgmtd's node_routing: routing version of the last heartbeat
         self.reported: dict[int, str] = {}  # mgmtd's view of each target's local state
         self.faults: collections.Counter = collections.Counter()  # kind -> times injected
+        for n in self.nodes.values():
+            self.learn(n)
 
     def start(self) -> None:
         """The background loops: mgmtd's pass, and each node's resync scan."""
@@ -124,7 +129,7 @@ class Cluster:
         store = node.store
         if isinstance(e, craq.ChainView):
             if e.at_least > node.view.version:
-                node.view = self.chain  # the caller saw newer routing: refresh
+                self.learn(node)  # the caller saw newer routing: refresh
             return resume(node.view)
         if isinstance(e, craq.LockChunk):
             return self.with_lock(node, e.chunk_id, lambda release: (held.append(release), resume()))
@@ -139,8 +144,12 @@ class Cluster:
         if isinstance(e, craq.Forward):
             return self.send(node, e.target_id, e.req, e.payload, resume)
         if isinstance(e, craq.RefreshChain):
-            node.view = self.chain
+            self.learn(node)
             return self.at(self.rng.uniform(0.001, 0.01), resume, self.chain)
+        if isinstance(e, craq.ReportDamage):
+            # SimStore never damages a copy, so a report is a false alarm of the checks: a bug
+            raise AssertionError(f"{self.label}: t={self.now:.3f} target {e.target_id} reported chunk "
+                                 f"{e.chunk_id[-1]} damaged ({e.found_by}), and the simulator damages nothing")
         if isinstance(e, craq.Sleep):
             return self.at(e.seconds, resume)
         if isinstance(e, craq.Now):
@@ -189,7 +198,8 @@ class Cluster:
             return None
         public = next((t.public_state for t in node.view.targets if t.target_id == node.target_id), None)
         try:
-            craq.read_check(node.target_id, public, node.store.get_meta(cid), allow_uncommitted=False)
+            craq.read_check(node.target_id, public, node.store.get_meta(cid), allow_uncommitted=False,
+                            admin_offline=node.target_id in node.view_offline)
         except ThreeFSError:
             return None  # TARGET_OFFLINE / CHUNK_NOT_COMMIT
         return node.store.read_committed(cid)
@@ -231,7 +241,7 @@ class Cluster:
             return  # already restarted (by heal)
         node.up = True
         node.epoch += 1
-        node.view = self.chain  # a restarted service fetches routing before serving
+        self.learn(node)  # a restarted service fetches routing before serving
         self.down_since.pop(node.target_id, None)
 
     # -- mgmtd: failure detection, the chain state machine, routing propagation --------------------
@@ -251,16 +261,22 @@ class Cluster:
 
     def update_chain(self) -> None:
         """MgmtdService.update_chains: heartbeats' local states (admin-offlined targets count as
-        OFFLINE, `_local_view`) through the production state machine; the new chain is pushed."""
+        OFFLINE once `admin_offline_effective`, `_local_view`) through the production state machine;
+        the new chain is pushed."""
         local = {}
         for t, node in self.nodes.items():
+            failed = False
             if node.up:
-                self.reported[t] = self.local_state(node)  # a heartbeat
+                self.reported[t] = self.local_state(node)  # a heartbeat, sent with the node's routing
+                self.node_routing[t] = node.view_version
             elif self.now - self.down_since.get(t, self.now) >= self.DETECT_S:
-                self.reported[t] = ms.LOCAL_OFFLINE  # heartbeat timeout
+                self.reported[t] = ms.LOCAL_OFFLINE  # heartbeat timeout: mgmtd marks the node failed
+                failed = True
             local[t] = self.reported.get(t, ms.UPTODATE)  # until then: the last heartbeat's state
             if t in self.admin_offline:
-                local[t] = ms.LOCAL_OFFLINE
+                public = next(x.public_state for x in self.chain.targets if x.target_id == t)
+                if admin_offline_effective(public, self.offline_ver[t], not failed, self.node_routing.get(t, 0)):
+                    local[t] = ms.LOCAL_OFFLINE
         new = next_chain(self.chain, local)
         if new is not self.chain:
             self.chain = new
@@ -268,20 +284,34 @@ class Cluster:
                 if node.synced and any(t.target_id == node.target_id and t.public_state != ms.SYNCING
                                        for t in new.targets):
                     node.synced = False  # the sync it finished belonged to that SYNCING period
-                if node.up:  # routing reaches each node after its own delay
-                    self.at(self.rng.uniform(0.005, 0.1), self._push_view, node, node.epoch)
+            self.publish()
+
+    def publish(self) -> None:
+        """A new routing version (MgmtdService.commit); it reaches each node after its own delay."""
+        self.routing_version += 1
+        for node in self.nodes.values():
+            if node.up:
+                self.at(self.rng.uniform(0.005, 0.1), self._push_view, node, node.epoch)
+
+    def learn(self, node: Node) -> None:
+        """The node fetches the current routing."""
+        node.view, node.view_offline, node.view_version = self.chain, frozenset(self.admin_offline), \
+            self.routing_version
 
     def set_admin_offline(self, target: int, offline: bool) -> None:
-        """MgmtdAdmin.offline_target: set the override, then a chain update at once."""
+        """MgmtdAdmin.offline_target: commit the override (a new routing version), then a chain update
+        at once (which drops the target only once `admin_offline_effective`)."""
         if offline:
             self.admin_offline.add(target)
+            self.offline_ver[target] = self.routing_version + 1
         else:
             self.admin_offline.discard(target)
+        self.publish()
         self.update_chain()
 
     def _push_view(self, node: Node, epoch: int) -> None:
         if node.epoch == epoch and node.up:
-            node.view = self.chain
+            self.learn(node)
             self.maybe_resync(node)
 
     # -- resync ------------------------------------------------------------------------------------

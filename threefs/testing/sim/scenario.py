@@ -58,10 +58,12 @@ class Scenario:
 
     def admin_take_offline(self) -> None:
         """`threefs admin offline-target` (MgmtdAdmin.offline_target, no --force) on a random target,
-        usually a live one: mgmtd counts it OFFLINE at once while its process runs on with its old
-        routing (it may be forwarding a write or serving a read); put back online a little later."""
+        usually a live one: mgmtd counts it OFFLINE once its node has seen that (or is failed), while
+        its process runs on with its old routing meanwhile (it may be forwarding a write or serving a
+        read); put back online a little later."""
         c = self.cluster
-        candidates = [t for t in c.nodes if t not in c.admin_offline and offline_refusal(c.chain, t) is None]
+        candidates = [t for t in c.nodes
+                      if t not in c.admin_offline and offline_refusal(c.chain, t, c.admin_offline) is None]
         if not candidates:
             return
         target = self.rng.choice(candidates)
