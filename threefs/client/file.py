@@ -7,6 +7,10 @@
 - write-behind: writes fill chunk-aligned buffers; a full buffer is written to storage in the
   background (its chunks in parallel) while the caller goes on, up to `write_behind_bytes` in flight.
   Errors of background writes surface at the next write, flush() or close().
+Both are the streaming engine of client/stream.py (the FUSE daemon uses it too), run on the client's
+event loop: a call that needs IO makes one trip to the loop (waited for at most IO_WAIT_S); small reads
+served from the segment the engine lent the file, and small writes that fit the open write buffer,
+make none.
 `RawFile` (`buffering=0`) sends every call straight to storage.
 
 Both publish the file length to meta at close (and at fsync()); it is exact after close.
@@ -19,7 +23,7 @@ position, as with any Python file.
 
 from __future__ import annotations
 
-import asyncio
+import collections
 import functools
 import io
 import os
@@ -245,7 +249,7 @@ class File(_Handle, io.BufferedIOBase):
         self._reader = ReadAhead(aio, BufferPool(bytes_max=FREE_BUFFERS_MAX * seg), seg,
                                  max(0, read_ahead_bytes), slack_bytes=0, window_start_bytes=2 * seg)
         self._writer = WriteBehind(aio, rsp.attr, seg, write_behind_bytes) if writable else None
-        self._held: Held | None = None  # the read segment small reads are served from
+        self._held: collections.deque[Held] = collections.deque()  # read segments lent by the engine
         self._to_release: list[Held] = []  # held segments to give back at the next hop
         self._stale = False  # written since the last read: what was prefetched is dropped first
 
@@ -256,12 +260,11 @@ class File(_Handle, io.BufferedIOBase):
         if lt is None:
             coro.close()
             raise status_error(StatusCode.INVALID_ARGUMENT, "client is closed")
-        return _result(asyncio.run_coroutine_threadsafe(coro, lt.loop), what)
+        return _result(lt.submit(coro), what)
 
     def _let_go_of_held(self) -> None:
-        if self._held is not None:
-            self._to_release.append(self._held)
-            self._held = None
+        self._to_release.extend(self._held)
+        self._held.clear()
 
     def _settle(self) -> None:
         """On the loop, first thing in a hop: give back held segments, drop stale read-ahead."""
@@ -360,30 +363,41 @@ class File(_Handle, io.BufferedIOBase):
         self._check_readable()
         if self._pos >= self._length():
             return b""
-        h = self._held
+        self._skip_held()
+        h = self._held[0] if self._held else None
         if h is None or not h.covers(self._pos):
             self._let_go_of_held()
-            h = self._held = self._hop(self._hold_step(self._attr_now(), self._pos, max(size, 1)),
-                                       "a read-ahead read")
+            h = self._hop(self._hold_step(self._attr_now(), self._pos, max(size, 1)), "a read-ahead read")
             if h is None:
                 return b""
+            self._held.append(h)
         start = self._pos - h.offset
         return bytes(h.view[start:start + max(size, PEEK_BYTES_MAX)])
 
+    def _skip_held(self) -> None:
+        """Held segments the position has moved past exactly (a sequential reader) are done with."""
+        while self._held and self._pos == self._held[0].end:
+            self._to_release.append(self._held.popleft())
+
     def _read_into(self, dest: memoryview) -> int:
-        """From the held segment what it has, the rest in one hop (read-ahead, or straight into dest)."""
+        """From the held segments what they have, the rest in one hop (read-ahead, or straight into
+        dest)."""
         n = max(0, min(len(dest), self._length() - self._pos))
         done = 0
-        h = self._held
-        if h is not None and h.covers(self._pos) and n:
+        while done < n:
+            self._skip_held()
+            h = self._held[0] if self._held else None
+            if h is None or not h.covers(self._pos):
+                break
             start = self._pos - h.offset
-            done = min(n, len(h.view) - start)
-            dest[:done] = h.view[start:start + done]
-            self._pos += done
+            take = min(n - done, len(h.view) - start)
+            dest[done:done + take] = h.view[start:start + take]
+            self._pos += take
+            done += take
         if done < n:
             self._let_go_of_held()
-            got, self._held = self._hop(self._read_step(self._attr_now(), self._pos, dest[done:n]),
-                                        "a read")
+            got, held = self._hop(self._read_step(self._attr_now(), self._pos, dest[done:n]), "a read")
+            self._held.extend(held)
             self._pos += got
             done += got
         return done

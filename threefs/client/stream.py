@@ -17,8 +17,9 @@ prefetched is read straight into the caller's memory too.
 Buffers are leases of a BufferPool: they go back to it when a segment has been served in full, when it
 is dropped (a segment still being read is cancelled, and its buffer goes back only once its task is over:
 storage may still write into it until then), or when the last request reading it is done (a reply may be
-a view of it). A failed segment is forgotten, so the next request reads it again. `hold` lends a
-segment to the caller (File serves small reads from it without the loop) until `release`.
+a view of it). A failed segment is forgotten, so the next request reads it again. `hold`, and
+`read_into(hold=True)`, lend segments to the caller until `release`: File serves reads from them in its
+caller's thread without a trip to the loop.
 
 WriteBehind. Writes fill segment-aligned buffers; a full buffer goes to storage in the background (its
 chunks in parallel), at most `bytes_max` in flight. `bytes` of whole segments are sent without a copy. A
@@ -116,6 +117,7 @@ class ReadAhead:
     def release(self, held: Held) -> None:
         """The holder is done with a held segment: its buffer may be reused."""
         s = held._seg
+        assert s.readers > 0, "a held segment is released once"
         s.readers -= 1
         if s.readers == 0 and self._segments.get(s.index) is not s:
             s.lease.release()
@@ -162,15 +164,16 @@ class ReadAhead:
         return out
 
     async def read_into(self, attr: m.InodeAttr, offset: int, dest: memoryview,
-                        hold: bool = False) -> tuple[int, Held | None]:
+                        hold: bool = False) -> tuple[int, list[Held]]:
         """Up to len(dest) bytes at offset (clamped to attr's length) into dest; returns (bytes read,
-        the last segment read from if hold and bytes of it remain past the read, else None)."""
+        held segments). hold: lend the caller the rest of the last segment read from and the segments
+        after it that are already read (up to half the window), so it serves the next reads itself."""
         n = max(0, min(len(dest), attr.length - offset))
         if n == 0:
-            return 0, None
+            return 0, []
         end = offset + n
         if not self._continues(offset, end):
-            return await self._reader.read_into(attr, offset, dest[:n]), None
+            return await self._reader.read_into(attr, offset, dest[:n]), []
         seg = self._seg
         cut = offset  # [offset, cut): prefetched already
         while cut < end and cut // seg in self._segments:
@@ -178,17 +181,40 @@ class ReadAhead:
         cut = min(cut, end)
         direct = end - cut >= seg  # a large rest nothing prefetched: straight into dest
         self._schedule(attr, end if direct else offset, self._stream_end + self._window, offset, end)
-        held = None
+        held: list[Held] = []
         done = 0
         if cut > offset or not direct:
             pieces, segs = await self._gather(offset, cut if direct else end)
             for p in pieces:
                 dest[done:done + len(p)] = p
                 done += len(p)
-            held = self._served(segs, pieces, _now, end, hold=hold and not direct)
+            h = self._served(segs, pieces, _now, end, hold=hold and not direct)
+            held += [h] if h is not None else []
         if direct:
             done += await self._reader.read_into(attr, cut, dest[cut - offset:n])
+        if hold:
+            held += self._lend_ready(attr, held[-1].end if held else end)
         return done, held
+
+    def _lend_ready(self, attr: m.InodeAttr, offset: int) -> list[Held]:
+        """Lend the segments from offset's on that are read already (contiguous, up to half the window),
+        and prefetch on past them: the borrower reads them without asking, so the stream moves on."""
+        out: list[Held] = []
+        budget, index = self._window_max // 2, offset // self._seg
+        while budget > 0 and offset < attr.length:
+            s = self._segments.get(index)
+            if s is None or not s.task.done() or s.task.cancelled() or s.task.exception() is not None:
+                break
+            del self._segments[index]
+            s.readers += 1
+            out.append(Held(index * self._seg, s.lease.view[:s.task.result()], s))
+            budget -= self._seg
+            index += 1
+        if out:
+            last = out[-1].end
+            self._stream_end = max(self._stream_end, last)
+            self._schedule(attr, last, self._stream_end + self._window, last, last + 1)
+        return out
 
     async def hold(self, attr: m.InodeAttr, offset: int, size: int = 1) -> Held | None:
         """Lend the segment that holds byte offset (prefetching on as a read of [offset, offset + size)
@@ -340,6 +366,7 @@ class WriteBehind:
         take = min(room - 1, len(data))
         if take <= 0:
             return 0
+        assert self._buf_len + take < self._seg, "a staged buffer never fills (write() sends it)"
         self._buf[self._buf_len:self._buf_len + take] = data[:take]
         self._buf_len += take
         return take
