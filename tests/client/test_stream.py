@@ -1,5 +1,6 @@
 """The streaming engine (client/stream.py) on its own, over the real async client: every way File objects
-and the FUSE daemon read (FUSE-style concurrent requests, reads into the caller's memory, held segments)
+and the FUSE daemon read (FUSE-style concurrent requests, reads into the caller's memory, lent segments
+and advancing past them)
 returns the file's bytes; a buffer storage may still write into is never handed out again; every buffer
 comes back; overlapping writes land in order; a background write's error surfaces at the next call and
 only acknowledged bytes count."""
@@ -92,7 +93,12 @@ async def _read_script(aio, attr, data: bytes, seed: int, slack: int | None) -> 
             assert dest[:got] == data[pos:pos + got] and got == min(len(dest), length - pos)
             if lent:  # what follows the read, contiguous, as the file has it
                 assert lent[0].covers(pos + got) and all(a.end == b.offset for a, b in zip(lent, lent[1:]))
-                assert all(bytes(h.view) == data[h.offset:h.end] for h in lent)
+                if rng.random() < 0.5:  # the borrower reads on past the first: more are lent behind it
+                    lent = lent[1:] + ra.advance(attr, lent[0].end, lent[:1])
+                    assert all(a.end == b.offset for a, b in zip(lent, lent[1:]))
+                for h in lent:
+                    await h.ready()  # lent while being read: the bytes are there once it is over
+                    assert bytes(h.view) == data[h.offset:h.end]
                 held += lent
             pos = min(length - 1, pos + got)
         else:  # FUSE: a few requests of one stream at once, in any order

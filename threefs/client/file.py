@@ -24,6 +24,7 @@ position, as with any Python file.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
 import io
 import os
@@ -250,6 +251,10 @@ class File(_Handle, io.BufferedIOBase):
                                  max(0, read_ahead_bytes), slack_bytes=0, window_start_bytes=2 * seg)
         self._writer = WriteBehind(aio, rsp.attr, seg, write_behind_bytes) if writable else None
         self._held: collections.deque[Held] = collections.deque()  # read segments lent by the engine
+        # lent by the engine's advance() on the loop, tagged with the epoch they were asked for in: an
+        # entry from before the last let-go (a write, a jump, a truncate) is given back unused
+        self._incoming: collections.deque[tuple[int, Held]] = collections.deque()
+        self._epoch = 0
         self._to_release: list[Held] = []  # held segments to give back at the next hop
         self._stale = False  # written since the last read: what was prefetched is dropped first
 
@@ -263,8 +268,11 @@ class File(_Handle, io.BufferedIOBase):
         return _result(lt.submit(coro), what)
 
     def _let_go_of_held(self) -> None:
+        self._epoch += 1
         self._to_release.extend(self._held)
         self._held.clear()
+        while self._incoming:
+            self._to_release.append(self._incoming.popleft()[1])
 
     def _settle(self) -> None:
         """On the loop, first thing in a hop: give back held segments, drop stale read-ahead."""
@@ -371,13 +379,28 @@ class File(_Handle, io.BufferedIOBase):
             if h is None:
                 return b""
             self._held.append(h)
+        self._wait_for(h)
         start = self._pos - h.offset
         return bytes(h.view[start:start + max(size, PEEK_BYTES_MAX)])
 
     def _skip_held(self) -> None:
-        """Held segments the position has moved past exactly (a sequential reader) are done with."""
+        """Held segments the position has moved past exactly (a sequential reader) are done with: the
+        engine gets them back and lends what follows, without the caller waiting for the loop."""
+        while self._incoming:  # one consumer (this, under the lock); the loop only appends
+            epoch, h = self._incoming.popleft()
+            (self._held if epoch == self._epoch else self._to_release).append(h)
+        done_with = []
         while self._held and self._pos == self._held[0].end:
-            self._to_release.append(self._held.popleft())
+            done_with.append(self._held.popleft())
+        lt = self._client._loop
+        if done_with and lt is not None:
+            lt.loop.call_soon_threadsafe(self._advance, self._epoch, self._attr_now(), self._pos, done_with)
+        elif done_with:
+            self._to_release.extend(done_with)
+
+    def _advance(self, epoch: int, attr: m.InodeAttr, pos: int, done_with: list[Held]) -> None:
+        """On the loop: give lent segments back, have the next ones lent (they arrive in _incoming)."""
+        self._incoming.extend((epoch, h) for h in self._reader.advance(attr, pos, done_with))
 
     def _read_into(self, dest: memoryview) -> int:
         """From the held segments what they have, the rest in one hop (read-ahead, or straight into
@@ -389,6 +412,7 @@ class File(_Handle, io.BufferedIOBase):
             h = self._held[0] if self._held else None
             if h is None or not h.covers(self._pos):
                 break
+            self._wait_for(h)
             start = self._pos - h.offset
             take = min(n - done, len(h.view) - start)
             dest[done:done + take] = h.view[start:start + take]
@@ -401,6 +425,18 @@ class File(_Handle, io.BufferedIOBase):
             self._pos += got
             done += got
         return done
+
+    def _wait_for(self, h: Held) -> None:
+        """A lent segment may still be being read: wait (IO_WAIT_S at most); its error is the read's."""
+        try:
+            h.wait(IO_WAIT_S)
+        except concurrent.futures.TimeoutError:
+            self._let_go_of_held()
+            raise status_error(StatusCode.TIMEOUT, f"a read-ahead read did not finish in {IO_WAIT_S:.0f} s") \
+                from None
+        except BaseException:
+            self._let_go_of_held()  # read again at the next call
+            raise
 
     async def _before_read(self) -> None:
         self._settle()

@@ -34,6 +34,7 @@ exceptions: see there).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 
 from threefs.common import limits
 from threefs.common.buffers import BufferPool, aligned_buffer
@@ -64,14 +65,19 @@ class _Segment:
 
 
 class Held:
-    """A read segment lent out by ReadAhead.hold / read_into(hold=True): bytes [offset, end) of the file
-    are `view`. Storage is done with the buffer and nothing reuses it until ReadAhead.release(held), so
-    the holder may read the view from any thread meanwhile."""
+    """A read segment lent out by ReadAhead (hold, read_into(hold=True), advance): bytes [offset, end) of
+    the file are `view` once its read is over: wait() for that (from any thread; it raises the read's
+    error). Nothing reuses the buffer until ReadAhead.release(held)."""
 
-    __slots__ = ("offset", "view", "_seg")
+    __slots__ = ("offset", "view", "_seg", "_ready")
 
     def __init__(self, offset: int, view: memoryview, seg: _Segment):
         self.offset, self.view, self._seg = offset, view, seg
+        self._ready = concurrent.futures.Future()  # set on the loop when the segment's read is over
+        if seg.task.done():
+            _settle_future(seg.task, self._ready)
+        else:
+            seg.task.add_done_callback(lambda t: _settle_future(t, self._ready))
 
     @property
     def end(self) -> int:
@@ -79,6 +85,23 @@ class Held:
 
     def covers(self, pos: int) -> bool:
         return self.offset <= pos < self.offset + len(self.view)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until the bytes are there (concurrent.futures.TimeoutError after timeout seconds)."""
+        self._ready.result(timeout)
+
+    async def ready(self) -> None:
+        """wait() for a borrower on the engine's own loop."""
+        await asyncio.wrap_future(self._ready)
+
+
+def _settle_future(task: asyncio.Task, fut: concurrent.futures.Future) -> None:
+    if task.cancelled():
+        fut.set_exception(asyncio.CancelledError())
+    elif task.exception() is not None:
+        fut.set_exception(task.exception())
+    else:
+        fut.set_result(None)
 
 
 class ReadAhead:
@@ -120,12 +143,25 @@ class ReadAhead:
         assert s.readers > 0, "a held segment is released once"
         s.readers -= 1
         if s.readers == 0 and self._segments.get(s.index) is not s:
-            s.lease.release()
+            self._free_when_over(s)
+
+    def advance(self, attr: m.InodeAttr, pos: int, done_with: list[Held]) -> list[Held]:
+        """A borrower reading on its own has reached pos and is done with done_with: give those back,
+        grow the window, lend what follows (so it stays up to half a window ahead) and prefetch on."""
+        for h in done_with:
+            self.release(h)
+        if not self._enabled or pos > self._stream_end:
+            return []
+        self._window = min(self._window_max, max(2 * self._window, self._window_start))
+        return self._lend(attr, self._stream_end, self._window_max // 2 - (self._stream_end - pos))
 
     def _evict(self, s: _Segment) -> None:
         del self._segments[s.index]
         if s.readers:
             return  # the last request reading it releases it (see _served / release)
+        self._free_when_over(s)
+
+    def _free_when_over(self, s: _Segment) -> None:
         if s.task.done():
             s.lease.release()
         else:  # storage may still write into the buffer: cancel, and free it only when it is over
@@ -193,21 +229,21 @@ class ReadAhead:
         if direct:
             done += await self._reader.read_into(attr, cut, dest[cut - offset:n])
         if hold:
-            held += self._lend_ready(attr, held[-1].end if held else end)
+            held += self._lend(attr, held[-1].end if held else end, self._window_max // 2)
         return done, held
 
-    def _lend_ready(self, attr: m.InodeAttr, offset: int) -> list[Held]:
-        """Lend the segments from offset's on that are read already (contiguous, up to half the window),
-        and prefetch on past them: the borrower reads them without asking, so the stream moves on."""
+    def _lend(self, attr: m.InodeAttr, offset: int, budget: int) -> list[Held]:
+        """Lend the segments from offset's on (contiguous, read or being read, up to budget bytes), and
+        prefetch on past them: the borrower reads them without asking, so the stream moves on."""
         out: list[Held] = []
-        budget, index = self._window_max // 2, offset // self._seg
+        index = offset // self._seg
         while budget > 0 and offset < attr.length:
             s = self._segments.get(index)
-            if s is None or not s.task.done() or s.task.cancelled() or s.task.exception() is not None:
-                break
+            if s is None or s.task.done() and (s.task.cancelled() or s.task.exception() is not None):
+                break  # not prefetched, or failed (read again when asked for)
             del self._segments[index]
             s.readers += 1
-            out.append(Held(index * self._seg, s.lease.view[:s.task.result()], s))
+            out.append(Held(index * self._seg, s.lease.view, s))
             budget -= self._seg
             index += 1
         if out:
