@@ -8,9 +8,9 @@
   background (its chunks in parallel) while the caller goes on, up to `write_behind_bytes` in flight.
   Errors of background writes surface at the next write, flush() or close().
 Both are the streaming engine of client/stream.py (the FUSE daemon uses it too), run on the client's
-event loop: a call that needs IO makes one trip to the loop (waited for at most IO_WAIT_S); small reads
-served from the segment the engine lent the file, and small writes that fit the open write buffer,
-make none.
+event loop: a call that needs the engine makes one trip to the loop (waited for at most IO_WAIT_S);
+reads served from the segments the engine lent the file (waiting for their reads in the caller's
+thread, handing them back without waiting) and small writes that fit the open write buffer make none.
 `RawFile` (`buffering=0`) sends every call straight to storage.
 
 Both publish the file length to meta at close (and at fsync()); it is exact after close.
@@ -255,6 +255,7 @@ class File(_Handle, io.BufferedIOBase):
         # entry from before the last let-go (a write, a jump, a truncate) is given back unused
         self._incoming: collections.deque[tuple[int, Held]] = collections.deque()
         self._epoch = 0
+        self._advancing: concurrent.futures.Future | None = None  # the last advance sent to the loop
         self._to_release: list[Held] = []  # held segments to give back at the next hop
         self._stale = False  # written since the last read: what was prefetched is dropped first
 
@@ -269,6 +270,7 @@ class File(_Handle, io.BufferedIOBase):
 
     def _let_go_of_held(self) -> None:
         self._epoch += 1
+        self._advancing = None
         self._to_release.extend(self._held)
         self._held.clear()
         while self._incoming:
@@ -371,8 +373,7 @@ class File(_Handle, io.BufferedIOBase):
         self._check_readable()
         if self._pos >= self._length():
             return b""
-        self._skip_held()
-        h = self._held[0] if self._held else None
+        h = self._head()
         if h is None or not h.covers(self._pos):
             self._let_go_of_held()
             h = self._hop(self._hold_step(self._attr_now(), self._pos, max(size, 1)), "a read-ahead read")
@@ -394,13 +395,32 @@ class File(_Handle, io.BufferedIOBase):
             done_with.append(self._held.popleft())
         lt = self._client._loop
         if done_with and lt is not None:
-            lt.loop.call_soon_threadsafe(self._advance, self._epoch, self._attr_now(), self._pos, done_with)
+            self._advancing = fut = concurrent.futures.Future()
+            lt.loop.call_soon_threadsafe(self._advance, self._epoch, self._attr_now(), self._pos, done_with,
+                                         fut)
         elif done_with:
             self._to_release.extend(done_with)
 
-    def _advance(self, epoch: int, attr: m.InodeAttr, pos: int, done_with: list[Held]) -> None:
+    def _advance(self, epoch: int, attr: m.InodeAttr, pos: int, done_with: list[Held],
+                 fut: concurrent.futures.Future) -> None:
         """On the loop: give lent segments back, have the next ones lent (they arrive in _incoming)."""
-        self._incoming.extend((epoch, h) for h in self._reader.advance(attr, pos, done_with))
+        try:
+            self._incoming.extend((epoch, h) for h in self._reader.advance(attr, pos, done_with))
+        finally:
+            fut.set_result(None)
+
+    def _head(self) -> Held | None:
+        """The first held segment, once past the ones read through; when they ran out, the segments the
+        last advance lends (waiting for the loop once costs less than a trip there and back)."""
+        self._skip_held()
+        if not self._held and self._advancing is not None:
+            fut, self._advancing = self._advancing, None
+            try:
+                fut.result(IO_WAIT_S)
+            except concurrent.futures.TimeoutError:
+                return None  # then the caller's trip to the loop reads on
+            self._skip_held()
+        return self._held[0] if self._held else None
 
     def _read_into(self, dest: memoryview) -> int:
         """From the held segments what they have, the rest in one hop (read-ahead, or straight into
@@ -408,8 +428,7 @@ class File(_Handle, io.BufferedIOBase):
         n = max(0, min(len(dest), self._length() - self._pos))
         done = 0
         while done < n:
-            self._skip_held()
-            h = self._held[0] if self._held else None
+            h = self._head()
             if h is None or not h.covers(self._pos):
                 break
             self._wait_for(h)

@@ -18,7 +18,8 @@ Buffers are leases of a BufferPool: they go back to it when a segment has been s
 is dropped (a segment still being read is cancelled, and its buffer goes back only once its task is over:
 storage may still write into it until then), or when the last request reading it is done (a reply may be
 a view of it). A failed segment is forgotten, so the next request reads it again. `hold`, and
-`read_into(hold=True)`, lend segments to the caller until `release`: File serves reads from them in its
+`read_into(hold=True)`, lend segments (read, or still being read: Held.wait) to the caller until
+`release` or `advance` (which gives some back and lends the next): File serves reads from them in its
 caller's thread without a trip to the loop.
 
 WriteBehind. Writes fill segment-aligned buffers; a full buffer goes to storage in the background (its
