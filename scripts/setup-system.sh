@@ -16,6 +16,8 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx-li
 # programs tests/fuse/test_fuse_programs.py runs on the mount (it skips those that are missing)
 command -v rsync >/dev/null 2>&1 || missing+=(rsync)
 command -v sqlite3 >/dev/null 2>&1 || missing+=(sqlite3)
+# [client_io] benchmarks/client_io.py's FUSE random-read rows (it skips them without fio)
+command -v fio >/dev/null 2>&1 || missing+=(fio)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

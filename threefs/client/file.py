@@ -7,6 +7,10 @@
 - write-behind: writes fill chunk-aligned buffers; a full buffer is written to storage in the
   background (its chunks in parallel) while the caller goes on, up to `write_behind_bytes` in flight.
   Errors of background writes surface at the next write, flush() or close().
+Both are the streaming engine of client/stream.py (the FUSE daemon uses it too), run on the client's
+event loop: a call that needs the engine makes one trip to the loop (waited for at most IO_WAIT_S);
+reads served from the segments the engine lent the file (waiting for their reads in the caller's
+thread, handing them back without waiting) and small writes that fit the open write buffer make none.
 `RawFile` (`buffering=0`) sends every call straight to storage.
 
 Both publish the file length to meta at close (and at fsync()); it is exact after close.
@@ -19,8 +23,8 @@ position, as with any Python file.
 
 from __future__ import annotations
 
-import asyncio
 import collections
+import concurrent.futures
 import functools
 import io
 import os
@@ -28,9 +32,10 @@ import threading
 
 import msgspec
 
+from threefs.client.stream import SEGMENT_BYTES_MIN, Held, ReadAhead, WriteBehind, segment_bytes
 from threefs.cluster.storage_client import RETRY_S
 from threefs.common import limits
-from threefs.common.buffers import aligned_buffer
+from threefs.common.buffers import BufferPool
 from threefs.common.config import CLIENT_TIMEOUT_S_DEFAULT
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.client import as_bytes_view
@@ -38,10 +43,8 @@ from threefs.rpc.schemas import meta as m
 
 READ_AHEAD_BYTES_DEFAULT = 16 * limits.MiB
 WRITE_BEHIND_BYTES_DEFAULT = 64 * limits.MiB
-SEGMENT_BYTES_MIN = 1 * limits.MiB  # smaller chunks are grouped into segments of at least this size
-SEGMENT_BYTES_MAX = 8 * limits.MiB
 PEEK_BYTES_MAX = 8 * limits.KiB
-FREE_BUFFERS_MAX = 8  # segment buffers kept per file for reuse (fresh pages cost a fault per 4 KiB)
+FREE_BUFFERS_MAX = 8  # read segment buffers kept per file for reuse (fresh pages cost a fault per 4 KiB)
 # The longest a caller waits for an IO in flight: the storage client's retry window plus two calls of the
 # default timeout. The IO's own deadlines end it sooner; this bounds the wait even if they did not.
 IO_WAIT_S = RETRY_S + 2 * CLIENT_TIMEOUT_S_DEFAULT
@@ -73,14 +76,6 @@ def _serialised(method):
 
 def _with_length(a: m.InodeAttr, length: int) -> m.InodeAttr:
     return msgspec.structs.replace(a, length=length)
-
-
-def segment_bytes(chunk_size: int) -> int:
-    """IO unit of read-ahead and write-behind: whole chunks of at least SEGMENT_BYTES_MIN in total,
-    or SEGMENT_BYTES_MAX of a larger chunk."""
-    if chunk_size >= SEGMENT_BYTES_MAX:
-        return SEGMENT_BYTES_MAX
-    return -(-SEGMENT_BYTES_MIN // chunk_size) * chunk_size
 
 
 class _Handle:
@@ -236,55 +231,59 @@ class RawFile(_Handle, io.RawIOBase):
             io.RawIOBase.close(self)
 
 
-class _Segment:
-    """Bytes [offset, offset + nbytes) of the file being prefetched into buf (or already there)."""
-
-    __slots__ = ("offset", "nbytes", "buf", "future", "length")
-
-    def __init__(self, offset: int, nbytes: int, buf: memoryview, future):
-        self.offset, self.nbytes, self.buf, self.future = offset, nbytes, buf, future
-        self.length = -1  # bytes read, known once the future is done
-
-    def end(self) -> int:
-        return self.offset + self.nbytes
-
-
 class File(_Handle, io.BufferedIOBase):
-    """Buffered file with read-ahead and write-behind (see the module docstring)."""
+    """Buffered file with read-ahead and write-behind (see the module docstring): the streaming engine
+    of client/stream.py, driven from the caller's thread on the client's loop, one hop per call at
+    most. Small reads are served from a segment the engine lends (`Held`) and small writes are staged
+    into the open write buffer, both without a hop."""
 
     def __init__(self, client, path: str, rsp: m.OpenRsp, flags: int, readable: bool, writable: bool,
                  *, read_ahead_bytes: int = READ_AHEAD_BYTES_DEFAULT,
                  write_behind_bytes: int = WRITE_BEHIND_BYTES_DEFAULT):
         io.BufferedIOBase.__init__(self)
         self._init_handle(client, path, rsp, flags, readable, writable)
-        self._seg_bytes = segment_bytes(rsp.attr.layout.chunk_size) if rsp.attr.layout else 0
-        self._ra_max = max(0, read_ahead_bytes)
-        self._wb_max = max(self._seg_bytes, write_behind_bytes)
-        self._free: list[memoryview] = []
-        # read-ahead
-        self._segments: collections.deque[_Segment] = collections.deque()
-        self._seq_pos = 0  # where a sequential reader's next read starts
-        self._window = 0
-        # write-behind
-        self._wbuf: memoryview | None = None
-        self._wbuf_off = 0
-        self._wbuf_len = 0
-        self._inflight: collections.deque = collections.deque()  # (future, begin, end, buffer)
-        self._inflight_bytes = 0
-        self._acked_end = -1  # highest end of a write storage acknowledged
-        self._write_failed = False  # then only acknowledged bytes count for the length
-        self._error: BaseException | None = None
+        layout = rsp.attr.layout
+        seg = segment_bytes(layout.chunk_size) if layout else SEGMENT_BYTES_MIN
+        self._seg_bytes = seg
+        aio = client.aio
+        # exact continuation (one thread's calls, in order); the window starts at two segments
+        self._reader = ReadAhead(aio, BufferPool(bytes_max=FREE_BUFFERS_MAX * seg), seg,
+                                 max(0, read_ahead_bytes), slack_bytes=0, window_start_bytes=2 * seg)
+        self._writer = WriteBehind(aio, rsp.attr, seg, write_behind_bytes) if writable else None
+        self._held: collections.deque[Held] = collections.deque()  # read segments lent by the engine
+        # lent by the engine's advance() on the loop, tagged with the epoch they were asked for in: an
+        # entry from before the last let-go (a write, a jump, a truncate) is given back unused
+        self._incoming: collections.deque[tuple[int, Held]] = collections.deque()
+        self._epoch = 0
+        self._advancing: concurrent.futures.Future | None = None  # the last advance sent to the loop
+        self._to_release: list[Held] = []  # held segments to give back at the next hop
+        self._stale = False  # written since the last read: what was prefetched is dropped first
 
     # -- plumbing --------------------------------------------------------------------------------
-    def _submit(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self._client._loop.loop)
+    def _hop(self, coro, what: str):
+        """Run a coroutine of the engine on the client's loop and wait for it (IO_WAIT_S at most)."""
+        lt = self._client._loop
+        if lt is None:
+            coro.close()
+            raise status_error(StatusCode.INVALID_ARGUMENT, "client is closed")
+        return _result(lt.submit(coro), what)
 
-    def _buffer(self) -> memoryview:
-        return self._free.pop() if self._free else aligned_buffer(self._seg_bytes)
+    def _let_go_of_held(self) -> None:
+        self._epoch += 1
+        self._advancing = None
+        self._to_release.extend(self._held)
+        self._held.clear()
+        while self._incoming:
+            self._to_release.append(self._incoming.popleft()[1])
 
-    def _recycle(self, buf: memoryview) -> None:
-        if len(buf) == self._seg_bytes and len(self._free) < FREE_BUFFERS_MAX:
-            self._free.append(buf)
+    def _settle(self) -> None:
+        """On the loop, first thing in a hop: give back held segments, drop stale read-ahead."""
+        for h in self._to_release:
+            self._reader.release(h)
+        self._to_release.clear()
+        if self._stale:
+            self._reader.drop()
+            self._stale = False
 
     @_serialised
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
@@ -297,100 +296,32 @@ class File(_Handle, io.BufferedIOBase):
     @_serialised
     def write(self, b) -> int:
         self._check_writable()
-        self._raise_error()
+        w = self._writer
+        w.raise_error()
         if self.mode_flags & os.O_APPEND:
             self._pos = self._length()
         data = as_bytes_view(b)
         n = len(data)
-        if n and self._segments:
-            self._drop_read_ahead()
-        while data:
-            taken = self._write_piece(data, immutable=isinstance(b, bytes))
-            data = data[taken:]
-            self._pos += taken
-        self._written_end = max(self._written_end, self._pos)
-        return n
-
-    def _write_piece(self, data: memoryview, immutable: bool) -> int:
-        """Put a prefix of data into the write-behind buffer (or send it as is); returns its size."""
-        seg = self._seg_bytes
-        if self._wbuf is not None and self._pos != self._wbuf_off + self._wbuf_len:
-            self._send_buffer()  # not contiguous: what is buffered goes out first
-        if self._wbuf is None:
-            if immutable and self._pos % seg == 0 and len(data) >= seg:
-                whole = len(data) // seg * seg  # bytes cannot change under us: send them uncopied
-                self._send(self._pos, data[:whole], None)
-                return whole
-            self._wbuf, self._wbuf_off, self._wbuf_len = self._buffer(), self._pos, 0
-        room = seg - (self._wbuf_off % seg) - self._wbuf_len  # buffers end on a segment boundary
-        take = min(room, len(data))
-        self._wbuf[self._wbuf_len:self._wbuf_len + take] = data[:take]
-        self._wbuf_len += take
-        if take == room:
-            self._send_buffer()
-        return take
-
-    def _send_buffer(self) -> None:
-        if self._wbuf is None:
-            return
-        buf, off, n = self._wbuf, self._wbuf_off, self._wbuf_len
-        self._wbuf = None
         if n:
-            self._send(off, buf[:n], buf)
-        else:
-            self._recycle(buf)
-
-    def _send(self, offset: int, data: memoryview, owned: memoryview | None) -> None:
-        """Start writing data at offset in the background, keeping writes to one range in order."""
-        end = offset + len(data)
-        for fut, begin, e, _ in list(self._inflight):  # an overlapping write in flight goes first
-            if begin < end and offset < e and not fut.done():
-                self._wait_until(fut)
-        while self._inflight and self._inflight_bytes + len(data) > self._wb_max:
-            self._reap_oldest()
-        fut = self._submit(self._client.aio.write_at(self._attr, offset, data))
-        self._inflight.append((fut, offset, end, owned))
-        self._inflight_bytes += len(data)
-
-    def _wait_until(self, fut) -> None:
-        while self._inflight and not fut.done():
-            self._reap_oldest()
-        self._reap_done()
-
-    def _reap_oldest(self) -> None:
-        fut, begin, end, owned = self._inflight.popleft()
-        self._inflight_bytes -= end - begin
-        try:
-            _result(fut, "a write-behind write")
-            self._acked_end = max(self._acked_end, end)
-        except BaseException as e:  # kept, raised at the next call: the caller's write() returned
-            self._write_failed = True
-            if self._error is None:
-                self._error = e
-        if owned is not None:
-            self._recycle(owned)
-
-    def _reap_done(self) -> None:
-        while self._inflight and self._inflight[0][0].done():
-            self._reap_oldest()
-
-    def _raise_error(self) -> None:
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise err
-
-    def _drain_writes(self) -> None:
-        self._send_buffer()
-        while self._inflight:
-            self._reap_oldest()
+            self._let_go_of_held()  # what was read ahead may be old now
+            self._stale = True
+            immutable = isinstance(b, bytes)  # bytes cannot change under us: whole segments go uncopied
+            taken = w.stage(self._pos, data, immutable)
+            if taken < n:
+                self._hop(w.write(self._pos + taken, data[taken:], immutable), "a write")
+            self._pos += n
+            self._written_end = max(self._written_end, self._pos)
+        return n
 
     @_serialised
     def flush(self) -> None:
         """Wait until every byte written so far is on storage (raises a failed background write)."""
-        if self.closed or self._other_process():
+        if self.closed or self._other_process() or self._writer is None:
             return
-        self._drain_writes()
-        self._raise_error()
+        if self._writer.dirty:
+            self._hop(self._writer.flush(), "flushing writes")
+        else:
+            self._writer.raise_error()
 
     @_serialised
     def fsync(self) -> None:
@@ -399,21 +330,24 @@ class File(_Handle, io.BufferedIOBase):
         self._publish_length(end_session=False)
 
     def _publish_length(self, end_session: bool) -> None:
-        if self._write_failed:
-            self._written_end = min(self._written_end, self._acked_end)
+        if self._writer is not None:  # after a failed write only acknowledged bytes count
+            self._written_end = self._writer.acknowledged(self._written_end)
         super()._publish_length(end_session)
 
     @_serialised
     def truncate(self, size: int | None = None) -> int:
         self.flush()
-        self._drop_read_ahead()
-        return self._truncate_meta(size)
+        self._let_go_of_held()
+        self._stale = True
+        size = self._truncate_meta(size)
+        self._writer.discard_before(size)
+        self._writer.attr = self._attr
+        return size
 
     # -- read-ahead ------------------------------------------------------------------------------
     @_serialised
     def read(self, size: int | None = -1) -> bytes:
         self._check_readable()
-        self._before_read()
         n = self._length() - self._pos if size is None or size < 0 else size
         n = max(0, min(n, self._length() - self._pos))
         buf = bytearray(n)
@@ -428,7 +362,6 @@ class File(_Handle, io.BufferedIOBase):
     @_serialised
     def readinto(self, b) -> int:
         self._check_readable()
-        self._before_read()
         return self._read_into(as_bytes_view(b))
 
     readinto1 = readinto
@@ -438,90 +371,113 @@ class File(_Handle, io.BufferedIOBase):
         """Bytes at the position without moving it: at least one unless at the end of the file, at
         most PEEK_BYTES_MAX (io's readline() peeks once per line)."""
         self._check_readable()
-        self._before_read()
         if self._pos >= self._length():
             return b""
-        head = self._segments[0] if self._segments else None
-        if head is None or not head.offset <= self._pos < head.end():
-            self._drop_read_ahead()
-            self._schedule(self._pos, max(size, 1))
-            head = self._segments[0]
-        self._seq_pos = self._pos
-        start = self._pos - head.offset
-        stop = min(self._segment_length(head), start + max(size, PEEK_BYTES_MAX))
-        return bytes(head.buf[start:stop])
+        h = self._head()
+        if h is None or not h.covers(self._pos):
+            self._let_go_of_held()
+            h = self._hop(self._hold_step(self._attr_now(), self._pos, max(size, 1)), "a read-ahead read")
+            if h is None:
+                return b""
+            self._held.append(h)
+        self._wait_for(h)
+        start = self._pos - h.offset
+        return bytes(h.view[start:start + max(size, PEEK_BYTES_MAX)])
 
-    def _before_read(self) -> None:
-        if self._wbuf is not None or self._inflight:  # reads must see our own buffered writes
-            self.flush()
+    def _skip_held(self) -> None:
+        """Held segments the position has moved past exactly (a sequential reader) are done with: the
+        engine gets them back and lends what follows, without the caller waiting for the loop."""
+        while self._incoming:  # one consumer (this, under the lock); the loop only appends
+            epoch, h = self._incoming.popleft()
+            (self._held if epoch == self._epoch else self._to_release).append(h)
+        done_with = []
+        while self._held and self._pos == self._held[0].end:
+            done_with.append(self._held.popleft())
+        lt = self._client._loop
+        if done_with and lt is not None:
+            self._advancing = fut = concurrent.futures.Future()
+            lt.loop.call_soon_threadsafe(self._advance, self._epoch, self._attr_now(), self._pos, done_with,
+                                         fut)
+        elif done_with:
+            self._to_release.extend(done_with)
+
+    def _advance(self, epoch: int, attr: m.InodeAttr, pos: int, done_with: list[Held],
+                 fut: concurrent.futures.Future) -> None:
+        """On the loop: give lent segments back, have the next ones lent (they arrive in _incoming)."""
+        try:
+            self._incoming.extend((epoch, h) for h in self._reader.advance(attr, pos, done_with))
+        finally:
+            fut.set_result(None)
+
+    def _head(self) -> Held | None:
+        """The first held segment, once past the ones read through; when they ran out, the segments the
+        last advance lends (waiting for the loop once costs less than a trip there and back)."""
+        self._skip_held()
+        if not self._held and self._advancing is not None:
+            fut, self._advancing = self._advancing, None
+            try:
+                fut.result(IO_WAIT_S)
+            except concurrent.futures.TimeoutError:
+                return None  # then the caller's trip to the loop reads on
+            self._skip_held()
+        return self._held[0] if self._held else None
 
     def _read_into(self, dest: memoryview) -> int:
-        """Serve from prefetched segments; read a jump or a large request straight into dest."""
+        """From the held segments what they have, the rest in one hop (read-ahead, or straight into
+        dest)."""
         n = max(0, min(len(dest), self._length() - self._pos))
-        sequential = self._pos == self._seq_pos
-        if not sequential:  # what was prefetched is for somewhere else
-            self._drop_read_ahead()
-            self._window = 0
         done = 0
         while done < n:
-            head = self._segments[0] if self._segments else None
-            if head is not None and head.offset <= self._pos < head.end():
-                done += self._copy_from(head, dest[done:n])
-                continue
-            if head is not None:
-                self._drop_read_ahead()
-            if not sequential or n - done >= self._seg_bytes:
-                got = self._client.run(self._client.aio.read_into(self._attr_now(), self._pos,
-                                                                   dest[done:n]))
-                self._pos += got
-                done += got
+            h = self._head()
+            if h is None or not h.covers(self._pos):
                 break
-            self._schedule(self._pos, n - done)
-        self._seq_pos = self._pos
-        if sequential and done and self._ra_max:
-            self._window = min(self._ra_max, max(self._window * 2, 2 * self._seg_bytes))
-            self._schedule(self._pos, self._window)
+            self._wait_for(h)
+            start = self._pos - h.offset
+            take = min(n - done, len(h.view) - start)
+            dest[done:done + take] = h.view[start:start + take]
+            self._pos += take
+            done += take
+        if done < n:
+            self._let_go_of_held()
+            got, held = self._hop(self._read_step(self._attr_now(), self._pos, dest[done:n]), "a read")
+            self._held.extend(held)
+            self._pos += got
+            done += got
         return done
 
-    def _copy_from(self, seg: _Segment, dest: memoryview) -> int:
-        start = self._pos - seg.offset
-        have = self._segment_length(seg) - start
-        assert have > 0, "segments are read up to the length they were scheduled for"
-        take = min(have, len(dest))
-        dest[:take] = seg.buf[start:start + take]
-        self._pos += take
-        if self._pos >= seg.end():
-            self._segments.popleft()
-            self._recycle(seg.buf)
-        return take
+    def _wait_for(self, h: Held) -> None:
+        """A lent segment may still be being read: wait (IO_WAIT_S at most); its error is the read's."""
+        try:
+            h.wait(IO_WAIT_S)
+        except concurrent.futures.TimeoutError:
+            self._let_go_of_held()
+            raise status_error(StatusCode.TIMEOUT, f"a read-ahead read did not finish in {IO_WAIT_S:.0f} s") \
+                from None
+        except BaseException:
+            self._let_go_of_held()  # read again at the next call
+            raise
 
-    def _segment_length(self, seg: _Segment) -> int:
-        if seg.length < 0:
-            seg.length = _result(seg.future, "a read-ahead read")
-        return seg.length
+    async def _before_read(self) -> None:
+        self._settle()
+        if self._writer is not None and self._writer.dirty:  # reads see our own buffered writes
+            await self._writer.flush()
 
-    def _schedule(self, pos: int, nbytes: int) -> None:
-        """Have segments in flight covering [pos, pos + nbytes), clamped to the file length."""
-        seg = self._seg_bytes
-        end = min(self._length(), pos + nbytes)
-        next_off = self._segments[-1].end() if self._segments else pos
-        attr = self._attr_now()
-        while next_off < end:
-            seg_end = min((next_off // seg + 1) * seg, self._length())
-            buf = self._buffer()
-            fut = self._submit(self._client.aio.read_into(attr, next_off, buf[:seg_end - next_off]))
-            self._segments.append(_Segment(next_off, seg_end - next_off, buf, fut))
-            next_off = seg_end
+    async def _read_step(self, attr: m.InodeAttr, pos: int, dest: memoryview):
+        await self._before_read()
+        return await self._reader.read_into(attr, pos, dest, hold=True)
 
-    def _drop_read_ahead(self) -> None:
-        while self._segments:
-            s = self._segments.popleft()
-            if s.future.done():
-                self._recycle(s.buf)
-            else:  # the loop may still write into s.buf: let it finish, never reuse that buffer
-                s.future.cancel()
+    async def _hold_step(self, attr: m.InodeAttr, pos: int, size: int):
+        await self._before_read()
+        return await self._reader.hold(attr, pos, size)
 
     # -- close -----------------------------------------------------------------------------------
+    async def _close_step(self) -> None:
+        self._let_go_of_held()
+        self._settle()
+        self._reader.drop()
+        if self._writer is not None:
+            await self._writer.flush()
+
     @_serialised
     def close(self) -> None:
         if self.closed:
@@ -530,14 +486,11 @@ class File(_Handle, io.BufferedIOBase):
             io.BufferedIOBase.close(self)
             return
         try:
-            self._drop_read_ahead()
             err = None
             try:
-                self._drain_writes()
+                self._hop(self._close_step(), "closing")
             except BaseException as e:
                 err = e
-            err = err or self._error
-            self._error = None
             self._publish_length(end_session=True)  # only acknowledged bytes if a write failed
             if err is not None:
                 raise err

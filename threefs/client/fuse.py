@@ -4,8 +4,9 @@ pyfuse3 runs in asyncio mode (`pyfuse3.asyncio.enable()`), so kernel requests an
 share one uvloop loop and no request crosses a thread. Data goes straight between the kernel's request
 buffers and storage; meta is asked only for namespace operations, open and close.
 
-- reads: any handle, clamped to the length this daemon knows (meta's, raised by writes in flight);
-- writes: write-behind per handle (fuse_writeback.WriteBehind); flush (every close(2)) and fsync
+- reads: read-ahead per handle (stream.ReadAhead, the engine File objects use too), clamped to the
+  length this daemon knows (meta's, raised by writes in flight);
+- writes: write-behind per handle (stream.WriteBehind); flush (every close(2)) and fsync
   drain it and publish the length to meta, release ends the write session;
 - errors: every ThreeFSError/OSError becomes its errno; anything else is logged and becomes EIO.
 """
@@ -26,10 +27,8 @@ import msgspec
 import pyfuse3
 
 from threefs.client.batch import ReadCoalescer
-from threefs.client.file import segment_bytes
 from threefs.client.fuse_namespace import FUSE_ROOT, Namespace, decode, to_fuse
-from threefs.client.fuse_readahead import ReadAhead
-from threefs.client.fuse_writeback import WriteBehind
+from threefs.client.stream import ReadAhead, WriteBehind, segment_bytes
 from threefs.common import limits
 from threefs.common.buffers import BufferPool
 from threefs.common.status import errno_of
@@ -343,7 +342,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         fh = next(self._fh)
         self._handles[fh] = Handle(ino, rsp.attr, rsp.session, writer,
                                    ReadAhead(self.aio, self._pool, seg, self.options.read_ahead_bytes,
-                                             self._coalescer))
+                                             reader=self._coalescer))
         return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io, keep_cache=False)
 
     @fuse_errors
@@ -435,7 +434,7 @@ class ThreeFSOperations(pyfuse3.Operations):
                 await h.writer.flush()
             except Exception as e:
                 err = e
-                h.written_end = min(h.written_end, h.writer.acked_end)
+            h.written_end = h.writer.acknowledged(h.written_end)
         if h.written_end > h.published_end and (h.truncated or not end_session):
             h.attr = await self.ns.sync(h.attr, h.session, h.written_end)
             h.published_end = h.written_end

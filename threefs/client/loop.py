@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 
 try:
@@ -17,11 +18,16 @@ class LoopThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
+    def submit(self, coro) -> concurrent.futures.Future:
+        """Start a coroutine on the loop from another thread; its future is for waiting on it."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("blocking call from inside the client's own event loop")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
     def run(self, coro, timeout: float | None = None):
         """Run a coroutine on the loop and wait for its result (re-raising its exception)."""
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("blocking call from inside the client's own event loop")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        return self.submit(coro).result(timeout)
 
     def stop(self) -> None:
         if self.loop.is_running():
