@@ -106,6 +106,15 @@ def test_bit_flips_are_detected_and_repaired(private_cluster, rng):
                 assert f.readinto(buf) == len(data)
             assert buf == data
         wait_for(lambda: replica_differences(fs, "/flip") == [], "read-found corruption repaired", 30)
+        # chunk 2: partial reads check the whole chunk the first time they read a version, so damage on
+        # disk is never served (without that, these reads returned the flipped byte from 2 replicas)
+        for f in _chunk_files(cluster, inode, 2)[:2]:
+            _flip(f, 5000)
+        for _ in range(12):
+            with fs.open("/flip", "rb", buffering=0) as f:
+                f.seek(2 * CS + 4096)
+                assert f.read(4096) == data[2 * CS + 4096:2 * CS + 8192]
+        wait_for(lambda: replica_differences(fs, "/flip") == [], "partial-read-found corruption repaired", 30)
         # chunk 1: a flip that no read touches is found by the scrub
         _flip(_chunk_files(cluster, inode, 1)[1], 5)
 

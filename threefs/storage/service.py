@@ -38,6 +38,40 @@ log = logging.getLogger(__name__)
 
 DISK_THREADS = 4  # threads per storage service for disk IO that may block (misses, writes, fsync)
 RTS_TIMEOUT_S = 5.0  # request-to-send: send anyway when no grant comes (3FS does the same)
+# A partial read of a chunk of at most this size checks the whole chunk against its checksum the first
+# time that version is read here (larger chunks rely on the scrub); VERIFIED_ENTRIES_MAX versions are
+# remembered as checked (see VerifiedChunks).
+VERIFY_WHOLE_BYTES_MAX = 8 << 20
+VERIFIED_ENTRIES_MAX = 65536
+
+
+class VerifiedChunks:
+    """Chunk versions whose bytes this process has read whole and found to match their checksum, so
+    later partial reads of them need not read the whole chunk again. What it protects: damage on disk
+    (or between the disk and this process) before the first read of a version is never served; damage
+    arriving later in a version already checked is the scrub's to find. Bounded LRU, thread-safe (the
+    read path runs in the loop and in the disk threads)."""
+
+    def __init__(self, entries_max: int = VERIFIED_ENTRIES_MAX):
+        import collections
+        import threading
+
+        self._seen: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._max = entries_max
+
+    def __contains__(self, key) -> bool:
+        with self._lock:
+            if key in self._seen:
+                self._seen.move_to_end(key)
+                return True
+            return False
+
+    def add(self, key) -> None:
+        with self._lock:
+            self._seen[key] = None
+            if len(self._seen) > self._max:
+                self._seen.popitem(last=False)
 
 
 def check_read_ios(ios: list[ss.ReadIO]) -> None:
@@ -80,6 +114,7 @@ class StorageService:
         self.fence = HeartbeatFence(config.node_id, config.heartbeat_timeout_s, config.heartbeat_interval_s)
         self.resync = None  # set by the runner (storage.resync.Resyncer)
         self.scrubber = None  # set by the runner (storage.scrub.Scrubber)
+        self.verified = VerifiedChunks()  # chunk versions read whole and checked (partial reads)
         self._tasks: set[asyncio.Task] = set()
 
     def open_targets(self) -> None:
@@ -297,14 +332,15 @@ class StorageService:
                 continue
             results.append(self._read_one(engine, io, target.public_state if target else None,
                                           req.allow_uncommitted, out[pos:pos + io.length], nowait,
-                                          target is not None and target.admin_offline))
+                                          target is not None and target.admin_offline, self.verified))
             end = pos + results[-1].length
             pos = align_up(end)
         return results, end
 
     @staticmethod
     def _read_one(engine: ChunkEngine, io: ss.ReadIO, public_state: str | None, allow_uncommitted: bool,
-                  out: memoryview, nowait: bool = False, admin_offline: bool = False):
+                  out: memoryview, nowait: bool = False, admin_offline: bool = False,
+                  verified: VerifiedChunks | None = None):
         meta = engine.get_meta(io.chunk_id)
         try:
             craq.read_check(io.target_id, public_state, meta, allow_uncommitted, admin_offline)
@@ -313,6 +349,10 @@ class StorageService:
         if meta is None:
             return ss.ReadResult(0, 0)  # a hole: the client fills zeros
         verify = io.offset == 0 and io.length >= meta.length and meta.update_ver == meta.commit_ver
+        if (not verify and verified is not None and meta.update_ver == meta.commit_ver and not allow_uncommitted
+                and 0 < meta.length <= VERIFY_WHOLE_BYTES_MAX
+                and (io.target_id, io.chunk_id, meta.commit_ver) not in verified):
+            return StorageService._read_part_checked(engine, io, out, nowait, verified)
         try:
             data, meta = engine.read(io.chunk_id, io.offset, io.length, out,
                                      pending=allow_uncommitted and meta.update_ver != meta.commit_ver,
@@ -327,6 +367,32 @@ class StorageService:
                                  f"chunk {io.chunk_id.hex()} on target {io.target_id} fails its checksum; "
                                  "read another replica (repair started)")
         return ss.ReadResult(0, len(data), "", meta.commit_ver, meta.crc, data_crc)
+
+    @staticmethod
+    def _read_part_checked(engine: ChunkEngine, io: ss.ReadIO, out: memoryview, nowait: bool,
+                           verified: VerifiedChunks):
+        """A partial read of a chunk version not yet checked here: read it whole, check it against its
+        write-time checksum, remember it as checked, and answer the part asked for."""
+        meta = engine.get_meta(io.chunk_id)
+        if meta is None:
+            return ss.ReadResult(0, 0)  # removed meanwhile: a hole
+        whole = memoryview(bytearray(meta.length))
+        try:
+            data, meta = engine.read(io.chunk_id, 0, meta.length, whole, nowait=nowait)
+        except ThreeFSError as e:
+            if e.code == StatusCode.CHUNK_NOT_FOUND:
+                return ss.ReadResult(0, 0)
+            return ss.ReadResult(int(e.code), 0, e.message)
+        if len(data) == meta.length and meta.update_ver == meta.commit_ver:  # else changed meanwhile: unchecked
+            if crc32c.crc32c(data) != meta.crc:
+                return ss.ReadResult(int(StatusCode.CHECKSUM_MISMATCH), 0,
+                                     f"chunk {io.chunk_id.hex()} on target {io.target_id} fails its checksum "
+                                     "(a partial read checks the whole chunk once); read another replica "
+                                     "(repair started)")
+            verified.add((io.target_id, io.chunk_id, meta.commit_ver))
+        part = data[io.offset:io.offset + io.length]
+        out[:len(part)] = part
+        return ss.ReadResult(0, len(part), "", meta.commit_ver, meta.crc, crc32c.crc32c(part))
 
     # -- range operations (GC, truncate) ---------------------------------------------------------
     @rpc(ss.RemoveRangeReq)
