@@ -351,7 +351,7 @@ class StorageService:
         verify = io.offset == 0 and io.length >= meta.length and meta.update_ver == meta.commit_ver
         if (not verify and verified is not None and meta.update_ver == meta.commit_ver and not allow_uncommitted
                 and 0 < meta.length <= VERIFY_WHOLE_BYTES_MAX
-                and (io.target_id, io.chunk_id, meta.commit_ver) not in verified):
+                and (io.target_id, io.chunk_id, meta.commit_ver, meta.crc) not in verified):
             return StorageService._read_part_checked(engine, io, out, nowait, verified)
         try:
             data, meta = engine.read(io.chunk_id, io.offset, io.length, out,
@@ -389,7 +389,7 @@ class StorageService:
                                      f"chunk {io.chunk_id.hex()} on target {io.target_id} fails its checksum "
                                      "(a partial read checks the whole chunk once); read another replica "
                                      "(repair started)")
-            verified.add((io.target_id, io.chunk_id, meta.commit_ver))
+            verified.add((io.target_id, io.chunk_id, meta.commit_ver, meta.crc))  # versions restart after a removal
         part = data[io.offset:io.offset + io.length]
         out[:len(part)] = part
         return ss.ReadResult(0, len(part), "", meta.commit_ver, meta.crc, crc32c.crc32c(part))
