@@ -5,6 +5,9 @@ their metadata, one committed and at most one pending version per chunk. Which v
 checks and per-chunk locking belong to the caller (the replica logic); the engine makes what it is told
 durable and atomic.
 
+This module holds the version state and the metadata log; the data files are `version_files.py`'s, and what
+every engine shares (ChunkMeta, the checks) is `chunk_state.py`'s.
+
 Layout of a target directory::
 
     LOCK                    flock()ed while open: one engine per target
@@ -53,48 +56,33 @@ caller. One lock guards the in-memory state and the metadata log; data-file IO r
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import os
 import threading
 
-import crc32c
 import msgspec
 
-from threefs.common.limits import CHUNK_SIZE_BYTES_MAX, MiB
 from threefs.common.status import StatusCode, status_error
+from threefs.storage.chunk_state import (  # noqa: F401 (ChunkMeta, CHUNK_ID_BYTES: this module's API too)
+    CHUNK_ID_BYTES,
+    ChunkMeta,
+    as_byte_view,
+    check_chunk_id,
+    check_extent,
+    check_update,
+)
 from threefs.storage.chunk_store_meta import (
     COMPACT_BYTES_MIN_DEFAULT,
     MetaLog,
     PendingChunk,
     SortedKeys,
     StoredChunk,
-    io_status_error,
 )
+from threefs.storage.version_files import VersionFiles, unlink_quietly
 
 log = logging.getLogger(__name__)
 
-CHUNK_ID_BYTES = 16
-LAST_REQUEST_BYTES_MAX = 256
-FANOUT_DIRS = 256
-VERIFY_READ_BYTES = 4 * MiB  # bounds the memory of verify() for 64 MiB chunks
-_ZEROS = memoryview(bytes(1 * MiB))
-
-
-class ChunkMeta(msgspec.Struct, frozen=True, gc=False):
-    """What the engine knows about one chunk (committed version plus the pending one, if any)."""
-
-    chunk_id: bytes
-    chain_ver: int  # chain version stamped at last commit
-    update_ver: int  # highest version written (pending if != commit_ver)
-    commit_ver: int  # committed version (0 = never committed)
-    length: int  # committed length in bytes
-    crc: int  # CRC32C of the committed bytes [0, length)
-    pending_length: int  # length of the pending version (== length when none)
-    pending_crc: int
-    pending_remove: bool = False  # the pending version is a removal
-    last_request: bytes = b""  # opaque tag of the last update (for exactly-once; stored, not interpreted)
 
 
 class _Pending(msgspec.Struct, frozen=True, gc=False):
@@ -133,69 +121,6 @@ def _disk_bytes(stored: StoredChunk | None, pending: _Pending | None) -> int:
     return total + pending.length
 
 
-def _crc_zeros(count: int, crc: int = 0) -> int:
-    """Continue `crc` over `count` zero bytes (hardware CRC at ~20 GB/s: cheaper than a combine in Python)."""
-    while count > 0:
-        step = min(count, len(_ZEROS))
-        crc = crc32c.crc32c(_ZEROS[:step], value=crc)
-        count -= step
-    return crc
-
-
-def _check_chunk_id(chunk_id: bytes) -> None:
-    if not isinstance(chunk_id, bytes) or len(chunk_id) != CHUNK_ID_BYTES:
-        raise status_error(StatusCode.INVALID_ARGUMENT, f"chunk id must be {CHUNK_ID_BYTES} bytes: {chunk_id!r}")
-
-
-def _check_update(update_ver: int, chain_ver: int, last_request: bytes) -> None:
-    if update_ver < 1 or chain_ver < 0:
-        raise status_error(StatusCode.INVALID_ARGUMENT, f"bad versions: update {update_ver}, chain {chain_ver}")
-    if len(last_request) > LAST_REQUEST_BYTES_MAX:
-        raise status_error(
-            StatusCode.INVALID_ARGUMENT, f"last_request is {len(last_request)} bytes, max {LAST_REQUEST_BYTES_MAX}"
-        )
-
-
-def _check_extent(end: int, chunk_size: int) -> None:
-    if not 0 < chunk_size <= CHUNK_SIZE_BYTES_MAX:
-        raise status_error(StatusCode.INVALID_ARGUMENT, f"chunk size {chunk_size} not in (0, {CHUNK_SIZE_BYTES_MAX}]")
-    if end > chunk_size:
-        raise status_error(
-            StatusCode.INVALID_ARGUMENT, f"chunk would grow to {end} bytes, beyond chunk size {chunk_size}"
-        )
-
-
-def _pwritev_all(fd: int, buffers: list, offset: int) -> None:
-    """pwritev that finishes short writes (a short write without an error means the disk is full)."""
-    buffers = [memoryview(b) for b in buffers if len(b)]
-    while buffers:
-        written = os.pwritev(fd, buffers, offset)
-        if written == 0:
-            raise OSError(errno.ENOSPC, "short write")
-        offset += written
-        while buffers and written >= len(buffers[0]):
-            written -= len(buffers[0])
-            buffers.pop(0)
-        if buffers and written:
-            buffers[0] = buffers[0][written:]
-
-
-def _preadv_exact(fd: int, buffer: memoryview, offset: int, path: str, flags: int = 0) -> None:
-    done = 0
-    while done < len(buffer):
-        got = os.preadv(fd, [buffer[done:]], offset + done, flags)
-        if got == 0:
-            raise status_error(
-                StatusCode.IO_ERROR, f"data file {path} ends at {offset + done}, metadata says {offset + len(buffer)}"
-            )
-        done += got
-
-
-def _as_byte_view(data) -> memoryview:
-    view = memoryview(data)
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
 class ChunkEngine:
     """The chunks of one storage target, stored under `path` (see the module docstring)."""
 
@@ -209,9 +134,7 @@ class ChunkEngine:
                 "(there is no migration back to v1)"))
         self._fsync = fsync
         self._lock = threading.Lock()
-        self._data_dir = os.path.join(self.path, "data")
-        for i in range(FANOUT_DIRS):
-            os.makedirs(os.path.join(self._data_dir, f"{i:02x}"), exist_ok=True)
+        self._files = VersionFiles(self.path, fsync)
         self._lock_fd = self._lock_target()
         self._log = MetaLog(os.path.join(self.path, "meta.log"), fsync=fsync, compact_bytes_min=meta_log_bytes_min)
         try:
@@ -244,27 +167,18 @@ class ChunkEngine:
         (or the pending in-place length); return the highest generation seen (new files get higher
         ones, so no name is ever reused)."""
         max_gen, removed, missing = 0, 0, dict(self._stored)
-        for sub in sorted(os.listdir(self._data_dir)):
-            directory = os.path.join(self._data_dir, sub)
-            for name in os.listdir(directory):
-                file_path = os.path.join(directory, name)
-                try:
-                    hex_id, hex_gen = name.split(".")
-                    chunk_id, gen = bytes.fromhex(hex_id), int(hex_gen, 16)
-                except ValueError:
-                    log.warning("target %s: ignoring unknown file %s", self.path, file_path)
-                    continue
-                max_gen = max(max_gen, gen)
-                stored, pending = self._stored.get(chunk_id), self._pending.get(chunk_id)
-                if pending is not None and not pending.remove and pending.gen == gen and (
-                        stored is None or stored.gen != gen):
-                    continue  # a pending version's own file
-                if stored is None or stored.gen != gen:
-                    os.unlink(file_path)
-                    removed += 1
-                    continue
-                missing.pop(chunk_id, None)
-                self._reclaim_tail(file_path, stored, pending)
+        for file_path, chunk_id, gen in self._files.scan():
+            max_gen = max(max_gen, gen)
+            stored, pending = self._stored.get(chunk_id), self._pending.get(chunk_id)
+            if pending is not None and not pending.remove and pending.gen == gen and (
+                    stored is None or stored.gen != gen):
+                continue  # a pending version's own file
+            if stored is None or stored.gen != gen:
+                os.unlink(file_path)
+                removed += 1
+                continue
+            missing.pop(chunk_id, None)
+            self._reclaim_tail(file_path, stored, pending)
         max_gen = max([max_gen, *(s.gen for s in self._stored.values()),
                        *(p.gen for p in self._pending.values())])
         if removed:
@@ -303,7 +217,7 @@ class ChunkEngine:
 
     def get_meta(self, chunk_id: bytes) -> ChunkMeta | None:
         """The chunk's metadata, or None if it has neither a committed nor a pending version."""
-        _check_chunk_id(chunk_id)
+        check_chunk_id(chunk_id)
         with self._lock:
             return self._meta_locked(chunk_id)
 
@@ -353,8 +267,7 @@ class ChunkEngine:
             raise status_error(StatusCode.TARGET_OFFLINE, f"chunk engine of target {self.path} is closed")
 
     def _file(self, chunk_id: bytes, gen: int) -> str:
-        sub = f"{crc32c.crc32c(chunk_id) & 0xFF:02x}"
-        return os.path.join(self._data_dir, sub, f"{chunk_id.hex()}.{gen:x}")
+        return self._files.file(chunk_id, gen)
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -368,8 +281,8 @@ class ChunkEngine:
         Missing chunk (or pending=True on a pending removal): CHUNK_NOT_FOUND.
         nowait=True (with `out`): raise BlockingIOError instead of waiting for the disk, so an event
         loop can serve page-cache hits inline and send misses to a thread (preadv2 RWF_NOWAIT)."""
-        _check_chunk_id(chunk_id)
-        view = None if out is None else _as_byte_view(out)
+        check_chunk_id(chunk_id)
+        view = None if out is None else as_byte_view(out)
         if offset < 0 or length < 0 or (view is not None and (view.readonly or len(view) < length)):
             raise status_error(StatusCode.INVALID_ARGUMENT, f"bad read: offset {offset}, length {length}")
         for attempt in range(2):
@@ -379,7 +292,7 @@ class ChunkEngine:
                 return (b"" if view is None else view[:0]), meta
             try:
                 flags = os.RWF_NOWAIT if nowait and view is not None else 0
-                return self._read_file(self._file(chunk_id, gen), offset, count, view, flags), meta
+                return self._files.read(self._file(chunk_id, gen), offset, count, view, flags), meta
             except FileNotFoundError:
                 # a commit replaced the version and unlinked its file after we looked it up
                 if attempt == 0 and self.get_meta(chunk_id) != meta:
@@ -402,25 +315,11 @@ class ChunkEngine:
             return meta, 0, 0
         return meta, stored.gen, stored.length
 
-    @staticmethod
-    def _read_file(path: str, offset: int, count: int, view: memoryview | None, flags: int = 0) -> memoryview | bytes:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            if view is None:
-                data = os.pread(fd, count, offset)
-                if len(data) != count:
-                    raise status_error(StatusCode.IO_ERROR, f"data file {path} is shorter than its metadata")
-                return data
-            _preadv_exact(fd, view[:count], offset, path, flags)
-            return view[:count]
-        finally:
-            os.close(fd)
-
     def open_data(self, chunk_id: bytes, *, pending: bool = False) -> tuple[int, ChunkMeta]:
         """An O_RDONLY fd of the committed (or pending) version's data file, for os.sendfile; the caller
         closes it. Bytes [0, meta.length) (pending_length) stay valid while it is open, even if a commit
         replaces the version meanwhile. CHUNK_NOT_FOUND if that version does not exist."""
-        _check_chunk_id(chunk_id)
+        check_chunk_id(chunk_id)
         for attempt in range(2):
             meta, gen, _ = self._readable(chunk_id, pending)
             if gen == 0:
@@ -436,7 +335,7 @@ class ChunkEngine:
     def verify(self, chunk_id: bytes) -> bool:
         """Re-read the committed bytes and check them against the stored CRC32C (for the scrubber).
         False if they differ or the file is short or missing. CHUNK_NOT_FOUND for an unknown chunk."""
-        _check_chunk_id(chunk_id)
+        check_chunk_id(chunk_id)
         with self._lock:
             self._check_open()
             stored = self._stored.get(chunk_id)
@@ -445,7 +344,7 @@ class ChunkEngine:
         if stored is None:
             return True  # nothing committed yet
         try:
-            crc = self._crc_of_file(self._file(chunk_id, stored.gen), stored.length)
+            crc = self._files.crc_of(self._file(chunk_id, stored.gen), stored.length)
         except (OSError, ValueError) as exc:
             log.error("target %s: chunk %s unreadable: %s", self.path, chunk_id.hex(), exc)
             return False
@@ -453,22 +352,6 @@ class ChunkEngine:
             log.error("target %s: chunk %s checksum mismatch: %08x != %08x", self.path, chunk_id.hex(), crc,
                       stored.crc)
         return crc == stored.crc
-
-    @staticmethod
-    def _crc_of_file(path: str, length: int) -> int:
-        buffer = memoryview(bytearray(min(length, VERIFY_READ_BYTES)))
-        crc, offset = 0, 0
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            while offset < length:
-                got = os.preadv(fd, [buffer[: min(len(buffer), length - offset)]], offset)
-                if got == 0:
-                    raise ValueError(f"file ends at {offset}, committed length {length}")
-                crc = crc32c.crc32c(buffer[:got], value=crc)
-                offset += got
-        finally:
-            os.close(fd)
-        return crc
 
     # -- pending versions ------------------------------------------------------------------------
 
@@ -480,12 +363,12 @@ class ChunkEngine:
         `offset`; its length is max(committed length, offset+len(data)), or len(data) with full_replace
         (which requires offset 0). Replaces any pending version; the committed one stays intact.
         A full disk discards the pending version and raises NO_SPACE."""
-        _check_chunk_id(chunk_id)
-        _check_update(update_ver, chain_ver, last_request)
-        view = _as_byte_view(data)
+        check_chunk_id(chunk_id)
+        check_update(update_ver, chain_ver, last_request)
+        view = as_byte_view(data)
         if offset < 0 or (full_replace and offset != 0):
             raise status_error(StatusCode.INVALID_ARGUMENT, f"bad write offset {offset} (full_replace={full_replace})")
-        _check_extent(offset + len(view), chunk_size)
+        check_extent(offset + len(view), chunk_size)
         stored = self._drop_pending(chunk_id)
         if stored is None or full_replace or (offset == 0 and len(view) >= stored.length):
             length, crc, gen = self._write_new(chunk_id, offset, view)
@@ -502,11 +385,11 @@ class ChunkEngine:
         last_request: bytes = b"",
     ) -> ChunkMeta:
         """Write pending version `update_ver` = the committed contents cut or zero-extended to `length`."""
-        _check_chunk_id(chunk_id)
-        _check_update(update_ver, chain_ver, last_request)
+        check_chunk_id(chunk_id)
+        check_update(update_ver, chain_ver, last_request)
         if length < 0:
             raise status_error(StatusCode.INVALID_ARGUMENT, f"bad truncate length {length}")
-        _check_extent(length, chunk_size)
+        check_extent(length, chunk_size)
         stored = self._drop_pending(chunk_id)
         if stored is None:
             result = self._write_new(chunk_id, length, memoryview(b""))
@@ -522,8 +405,8 @@ class ChunkEngine:
         self, chunk_id: bytes, *, update_ver: int, chain_ver: int, last_request: bytes = b""
     ) -> ChunkMeta | None:
         """Write a pending removal (version `update_ver`); None if the chunk does not exist."""
-        _check_chunk_id(chunk_id)
-        _check_update(update_ver, chain_ver, last_request)
+        check_chunk_id(chunk_id)
+        check_update(update_ver, chain_ver, last_request)
         if self.get_meta(chunk_id) is None:
             return None
         self._drop_pending(chunk_id)
@@ -531,7 +414,7 @@ class ChunkEngine:
 
     def abort(self, chunk_id: bytes) -> None:
         """Drop the pending version, if any; the committed version is unchanged."""
-        _check_chunk_id(chunk_id)
+        check_chunk_id(chunk_id)
         self._drop_pending(chunk_id)
 
     def _alloc_gen(self) -> int:
@@ -544,97 +427,16 @@ class ChunkEngine:
     def _write_new(self, chunk_id: bytes, offset: int, view: memoryview) -> tuple[int, int, int]:
         """A version in a new file: zeros up to `offset`, then `view`."""
         gen = self._alloc_gen()
-        path = self._file(chunk_id, gen)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except OSError as exc:
-            raise self._write_error(exc, path) from exc
-        try:
-            if len(view):
-                _pwritev_all(fd, [view], offset)
-            else:
-                os.ftruncate(fd, offset)
-            self._sync_new(fd, path)
-        except OSError as exc:
-            os.close(fd)
-            _unlink_quietly(path)
-            raise self._write_error(exc, path) from exc
-        os.close(fd)
-        return offset + len(view), crc32c.crc32c(view, value=_crc_zeros(offset)), gen
+        return (*self._files.write_new(chunk_id, gen, offset, view), gen)
 
     def _write_in_place(self, stored: StoredChunk, offset: int, view: memoryview) -> tuple[int, int, int]:
         """A version that only adds bytes at or past the committed length, in the committed file."""
-        assert offset >= stored.length
-        path = self._file(stored.chunk_id, stored.gen)
-        try:
-            fd = os.open(path, os.O_WRONLY)
-        except OSError as exc:
-            raise self._write_error(exc, path) from exc
-        try:
-            if offset > stored.length or not len(view):
-                os.ftruncate(fd, stored.length)  # bytes past the committed end may be a dropped version's
-                os.ftruncate(fd, offset)
-            if len(view):
-                _pwritev_all(fd, [view], offset)
-            if self._fsync:
-                os.fdatasync(fd)
-        except OSError as exc:
-            _truncate_quietly(fd, stored.length)
-            os.close(fd)
-            raise self._write_error(exc, path) from exc
-        os.close(fd)
-        crc = crc32c.crc32c(view, value=_crc_zeros(offset - stored.length, stored.crc))
-        return offset + len(view), crc, stored.gen
+        return (*self._files.write_in_place(stored, offset, view), stored.gen)
 
     def _write_copy(self, stored: StoredChunk, offset: int, view: memoryview, length: int) -> tuple[int, int, int]:
         """A new file = committed[0:offset] + view + committed[offset+len(view):length] (copy-on-write)."""
-        assert offset <= stored.length and offset + len(view) <= length
-        suffix_start = min(offset + len(view), stored.length)
-        suffix_end = min(length, stored.length)
-        old = memoryview(bytearray(offset + suffix_end - suffix_start))
-        prefix, suffix = old[:offset], old[offset:]
-        src_path = self._file(stored.chunk_id, stored.gen)
-        try:
-            fd = os.open(src_path, os.O_RDONLY)
-            try:
-                _preadv_exact(fd, prefix, 0, src_path)
-                _preadv_exact(fd, suffix, suffix_start, src_path)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise io_status_error(exc, f"target {self.path}: reading committed {src_path}") from exc
         gen = self._alloc_gen()
-        path = self._file(stored.chunk_id, gen)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except OSError as exc:
-            raise self._write_error(exc, path) from exc
-        try:
-            _pwritev_all(fd, [prefix, view, suffix], 0)
-            if length > offset + len(view) + len(suffix):
-                os.ftruncate(fd, length)  # zero-extend
-            self._sync_new(fd, path)
-        except OSError as exc:
-            os.close(fd)
-            _unlink_quietly(path)
-            raise self._write_error(exc, path) from exc
-        os.close(fd)
-        crc = crc32c.crc32c(suffix, value=crc32c.crc32c(view, value=crc32c.crc32c(prefix)))
-        return length, _crc_zeros(length - offset - len(view) - len(suffix), crc), gen
-
-    def _sync_new(self, fd: int, path: str) -> None:
-        if self._fsync:
-            os.fdatasync(fd)
-            dir_fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dir_fd)  # the new name must be durable before a commit points at it
-            finally:
-                os.close(dir_fd)
-
-    def _write_error(self, exc: OSError, path: str):
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return status_error(StatusCode.NO_SPACE, f"target {self.path} is full: writing {path}: {exc.strerror}")
-        return io_status_error(exc, f"target {self.path}: writing {path}")
+        return (*self._files.write_copy(stored, gen, offset, view, length), gen)
 
     def _drop_pending(self, chunk_id: bytes) -> StoredChunk | None:
         """Forget the pending version and free its data; return the committed record."""
@@ -653,7 +455,7 @@ class ChunkEngine:
                 except OSError as exc:  # harmless: in-place writes cut the tail first, start-up too
                     log.warning("target %s: cannot cut dropped tail of %s: %s", self.path, chunk_id.hex(), exc)
         else:
-            _unlink_quietly(self._file(chunk_id, pending.gen))
+            unlink_quietly(self._file(chunk_id, pending.gen))
         return stored
 
     def _install_pending(self, chunk_id: bytes, pending: _Pending) -> ChunkMeta:
@@ -694,7 +496,7 @@ class ChunkEngine:
         returns None. If `update_ver` is not pending: no-op when it is already committed (also None for a
         chunk that no longer exists), STALE_UPDATE if a newer version is pending, else MISSING_UPDATE.
         A full metadata log raises NO_SPACE and keeps the pending version."""
-        _check_chunk_id(chunk_id)
+        check_chunk_id(chunk_id)
         with self._lock:
             self._check_open()
             stored, pending = self._stored.get(chunk_id), self._pending.get(chunk_id)
@@ -713,7 +515,7 @@ class ChunkEngine:
             self._log.maybe_compact(self._live_records)
             meta = self._meta_locked(chunk_id)
         if stored is not None and (new is None or new.gen != stored.gen):
-            _unlink_quietly(self._file(chunk_id, stored.gen))  # if this fails, start-up reclaims it
+            unlink_quietly(self._file(chunk_id, stored.gen))  # if this fails, start-up reclaims it
         return meta
 
     def _commit_mismatch(
@@ -738,7 +540,7 @@ class ChunkEngine:
         Drops a pending version's data. With update_ver > commit_ver the chunk shows a pending version
         `update_ver` with the committed contents (committing it changes only versions); like every
         pending version it is logged and survives a restart. CHUNK_NOT_FOUND if nothing is committed."""
-        _check_chunk_id(chunk_id)
+        check_chunk_id(chunk_id)
         if not 0 < commit_ver <= update_ver or chain_ver < 0:
             raise status_error(
                 StatusCode.INVALID_ARGUMENT,
@@ -765,19 +567,3 @@ class ChunkEngine:
 
 def _pending_record(chunk_id: bytes, p: _Pending) -> PendingChunk:
     return PendingChunk(chunk_id, p.update_ver, p.chain_ver, p.length, p.crc, p.gen, p.remove, p.last_request)
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.warning("cannot unlink %s (start-up reclaims it): %s", path, exc)
-
-
-def _truncate_quietly(fd: int, length: int) -> None:
-    try:
-        os.ftruncate(fd, length)
-    except OSError as exc:
-        log.warning("cannot cut a failed in-place write back to %d bytes: %s", length, exc)

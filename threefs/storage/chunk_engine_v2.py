@@ -51,13 +51,13 @@ import msgspec
 from threefs.common.limits import CHUNK_SIZE_BYTES_MAX, MiB
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.storage import crc_math
-from threefs.storage.chunk_engine import (
+from threefs.storage.chunk_state import (
     ChunkMeta,
-    _as_byte_view,
-    _check_chunk_id,
-    _check_extent,
-    _check_update,
-    _crc_zeros,
+    as_byte_view as _as_byte_view,
+    check_chunk_id as _check_chunk_id,
+    check_extent as _check_extent,
+    check_update as _check_update,
+    crc_zeros as _crc_zeros,
 )
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ def make_meta(chunk_id: bytes, st: State) -> ChunkMeta:
 _COLUMNS = ("id, chain_ver, commit_ver, length, crc, pos, ov_off, ov_len, ov_pos, last_request, "
             "p_update_ver, p_chain_ver, p_length, p_crc, p_pos, p_ov_off, p_ov_len, p_ov_pos, p_remove, "
             "p_last_request")
-_SCHEMA = f"""
+_SCHEMA = """
 CREATE TABLE IF NOT EXISTS info (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS chunks (id BLOB PRIMARY KEY, chain_ver INT, commit_ver INT, length INT, crc INT,
     pos INT, ov_off INT, ov_len INT, ov_pos INT, last_request BLOB, p_update_ver INT, p_chain_ver INT,

@@ -1,0 +1,220 @@
+"""The data files of a v1 chunk target: one file per chunk version, `data/<xx>/<id>.<gen>` (<id> the hex
+chunk id, <gen> a hex generation number unique within the target, <xx> = crc32c(id) & 0xff, a 256-way
+fan-out). Writing a version's bytes (new file, in place past the committed length, or copy-on-write),
+reading them, checksumming them and removing them; which version lives in which file, and when a file may
+go, is the engine's (chunk_engine.py), which owns the version state and the metadata log.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+import crc32c
+
+from threefs.common.limits import MiB
+from threefs.common.status import StatusCode, status_error
+from threefs.storage.chunk_state import crc_zeros
+from threefs.storage.chunk_store_meta import StoredChunk, io_status_error
+
+log = logging.getLogger("threefs.storage.chunk_engine")
+
+FANOUT_DIRS = 256
+VERIFY_READ_BYTES = 4 * MiB  # bounds the memory of a checksum pass over 64 MiB chunks
+
+
+class VersionFiles:
+    """The files under `path`/data (see the module docstring)."""
+
+    def __init__(self, path: str, fsync: bool):
+        self.path = path
+        self.fsync = fsync
+        self.data_dir = os.path.join(path, "data")
+        for i in range(FANOUT_DIRS):
+            os.makedirs(os.path.join(self.data_dir, f"{i:02x}"), exist_ok=True)
+
+    def file(self, chunk_id: bytes, gen: int) -> str:
+        sub = f"{crc32c.crc32c(chunk_id) & 0xFF:02x}"
+        return os.path.join(self.data_dir, sub, f"{chunk_id.hex()}.{gen:x}")
+
+    def scan(self):
+        """(file path, chunk id, generation) of every version file; unknown names are logged and skipped."""
+        for sub in sorted(os.listdir(self.data_dir)):
+            directory = os.path.join(self.data_dir, sub)
+            for name in os.listdir(directory):
+                file_path = os.path.join(directory, name)
+                try:
+                    hex_id, hex_gen = name.split(".")
+                    chunk_id, gen = bytes.fromhex(hex_id), int(hex_gen, 16)
+                except ValueError:
+                    log.warning("target %s: ignoring unknown file %s", self.path, file_path)
+                    continue
+                yield file_path, chunk_id, gen
+
+    # -- reads -----------------------------------------------------------------------------------
+    @staticmethod
+    def read(path: str, offset: int, count: int, view: memoryview | None, flags: int = 0) -> memoryview | bytes:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if view is None:
+                data = os.pread(fd, count, offset)
+                if len(data) != count:
+                    raise status_error(StatusCode.IO_ERROR, f"data file {path} is shorter than its metadata")
+                return data
+            preadv_exact(fd, view[:count], offset, path, flags)
+            return view[:count]
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def crc_of(path: str, length: int) -> int:
+        buffer = memoryview(bytearray(min(length, VERIFY_READ_BYTES)))
+        crc, offset = 0, 0
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while offset < length:
+                got = os.preadv(fd, [buffer[: min(len(buffer), length - offset)]], offset)
+                if got == 0:
+                    raise ValueError(f"file ends at {offset}, committed length {length}")
+                crc = crc32c.crc32c(buffer[:got], value=crc)
+                offset += got
+        finally:
+            os.close(fd)
+        return crc
+
+    # -- writes: (end, crc) of the version written -------------------------------------------------
+    def write_new(self, chunk_id: bytes, gen: int, offset: int, view: memoryview) -> tuple[int, int]:
+        """A version in a new file: zeros up to `offset`, then `view`."""
+        path = self.file(chunk_id, gen)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            raise self.write_error(exc, path) from exc
+        try:
+            if len(view):
+                pwritev_all(fd, [view], offset)
+            else:
+                os.ftruncate(fd, offset)
+            self.sync_new(fd, path)
+        except OSError as exc:
+            os.close(fd)
+            unlink_quietly(path)
+            raise self.write_error(exc, path) from exc
+        os.close(fd)
+        return offset + len(view), crc32c.crc32c(view, value=crc_zeros(offset))
+
+    def write_in_place(self, stored: StoredChunk, offset: int, view: memoryview) -> tuple[int, int]:
+        """A version that only adds bytes at or past the committed length, in the committed file."""
+        assert offset >= stored.length
+        path = self.file(stored.chunk_id, stored.gen)
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except OSError as exc:
+            raise self.write_error(exc, path) from exc
+        try:
+            if offset > stored.length or not len(view):
+                os.ftruncate(fd, stored.length)  # bytes past the committed end may be a dropped version's
+                os.ftruncate(fd, offset)
+            if len(view):
+                pwritev_all(fd, [view], offset)
+            if self.fsync:
+                os.fdatasync(fd)
+        except OSError as exc:
+            truncate_quietly(fd, stored.length)
+            os.close(fd)
+            raise self.write_error(exc, path) from exc
+        os.close(fd)
+        return offset + len(view), crc32c.crc32c(view, value=crc_zeros(offset - stored.length, stored.crc))
+
+    def write_copy(self, stored: StoredChunk, gen: int, offset: int, view: memoryview,
+                   length: int) -> tuple[int, int]:
+        """A new file = committed[0:offset] + view + committed[offset+len(view):length] (copy-on-write)."""
+        assert offset <= stored.length and offset + len(view) <= length
+        suffix_start = min(offset + len(view), stored.length)
+        suffix_end = min(length, stored.length)
+        old = memoryview(bytearray(offset + suffix_end - suffix_start))
+        prefix, suffix = old[:offset], old[offset:]
+        src_path = self.file(stored.chunk_id, stored.gen)
+        try:
+            fd = os.open(src_path, os.O_RDONLY)
+            try:
+                preadv_exact(fd, prefix, 0, src_path)
+                preadv_exact(fd, suffix, suffix_start, src_path)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise io_status_error(exc, f"target {self.path}: reading committed {src_path}") from exc
+        path = self.file(stored.chunk_id, gen)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            raise self.write_error(exc, path) from exc
+        try:
+            pwritev_all(fd, [prefix, view, suffix], 0)
+            if length > offset + len(view) + len(suffix):
+                os.ftruncate(fd, length)  # zero-extend
+            self.sync_new(fd, path)
+        except OSError as exc:
+            os.close(fd)
+            unlink_quietly(path)
+            raise self.write_error(exc, path) from exc
+        os.close(fd)
+        crc = crc32c.crc32c(suffix, value=crc32c.crc32c(view, value=crc32c.crc32c(prefix)))
+        return length, crc_zeros(length - offset - len(view) - len(suffix), crc)
+
+    def sync_new(self, fd: int, path: str) -> None:
+        if self.fsync:
+            os.fdatasync(fd)
+            dir_fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dir_fd)  # the new name must be durable before a commit points at it
+            finally:
+                os.close(dir_fd)
+
+    def write_error(self, exc: OSError, path: str):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return status_error(StatusCode.NO_SPACE, f"target {self.path} is full: writing {path}: {exc.strerror}")
+        return io_status_error(exc, f"target {self.path}: writing {path}")
+
+
+def pwritev_all(fd: int, buffers: list, offset: int) -> None:
+    """pwritev that finishes short writes (a short write without an error means the disk is full)."""
+    buffers = [memoryview(b) for b in buffers if len(b)]
+    while buffers:
+        written = os.pwritev(fd, buffers, offset)
+        if written == 0:
+            raise OSError(errno.ENOSPC, "short write")
+        offset += written
+        while buffers and written >= len(buffers[0]):
+            written -= len(buffers[0])
+            buffers.pop(0)
+        if buffers and written:
+            buffers[0] = buffers[0][written:]
+
+
+def preadv_exact(fd: int, buffer: memoryview, offset: int, path: str, flags: int = 0) -> None:
+    done = 0
+    while done < len(buffer):
+        got = os.preadv(fd, [buffer[done:]], offset + done, flags)
+        if got == 0:
+            raise status_error(
+                StatusCode.IO_ERROR, f"data file {path} ends at {offset + done}, metadata says {offset + len(buffer)}"
+            )
+        done += got
+
+
+def unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("cannot unlink %s (start-up reclaims it): %s", path, exc)
+
+
+def truncate_quietly(fd: int, length: int) -> None:
+    try:
+        os.ftruncate(fd, length)
+    except OSError as exc:
+        log.warning("cannot cut a failed in-place write back to %d bytes: %s", length, exc)
