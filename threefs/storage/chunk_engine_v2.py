@@ -58,6 +58,7 @@ from threefs.storage.chunk_state import (
     check_extent as _check_extent,
     check_update as _check_update,
     crc_zeros as _crc_zeros,
+    pwritev_all,
 )
 
 log = logging.getLogger(__name__)
@@ -608,18 +609,8 @@ class ChunkEngineV2:
         if not buffers:
             return
         fd, base = self._where(pos)
-        at = base + offset
         try:
-            while buffers:
-                n = os.pwritev(fd, buffers, at)
-                if n == 0:
-                    raise OSError(errno.ENOSPC, "short write")
-                at += n
-                while buffers and n >= len(buffers[0]):
-                    n -= len(buffers[0])
-                    buffers.pop(0)
-                if buffers and n:
-                    buffers[0] = buffers[0][n:]
+            pwritev_all(fd, buffers, base + offset)
         except OSError as exc:
             raise _os_error(exc, f"target {self.path}: writing {pos_str(pos)}") from exc
 

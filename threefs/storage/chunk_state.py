@@ -1,9 +1,12 @@
 """What every chunk engine shares: the metadata a chunk has (`ChunkMeta`), the checks of ids, versions and
-extents, and CRC helpers. Chunk engine v1 (chunk_engine.py) and v2 (chunk_engine_v2.py) both build on it;
+extents, CRC helpers, and IO helpers that finish short reads and writes. Chunk engine v1 (chunk_engine.py) and v2 (chunk_engine_v2.py) both build on it;
 the replica logic (craq.py) sees chunks only through ChunkMeta.
 """
 
 from __future__ import annotations
+
+import errno
+import os
 
 import crc32c
 import msgspec
@@ -67,3 +70,29 @@ def check_extent(end: int, chunk_size: int) -> None:
 def as_byte_view(data) -> memoryview:
     view = memoryview(data)
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def pwritev_all(fd: int, buffers: list, offset: int) -> None:
+    """pwritev that finishes short writes (a short write without an error means the disk is full)."""
+    buffers = [memoryview(b) for b in buffers if len(b)]
+    while buffers:
+        written = os.pwritev(fd, buffers, offset)
+        if written == 0:
+            raise OSError(errno.ENOSPC, "short write")
+        offset += written
+        while buffers and written >= len(buffers[0]):
+            written -= len(buffers[0])
+            buffers.pop(0)
+        if buffers and written:
+            buffers[0] = buffers[0][written:]
+
+
+def preadv_exact(fd: int, buffer: memoryview, offset: int, path: str, flags: int = 0) -> None:
+    done = 0
+    while done < len(buffer):
+        got = os.preadv(fd, [buffer[done:]], offset + done, flags)
+        if got == 0:
+            raise status_error(
+                StatusCode.IO_ERROR, f"data file {path} ends at {offset + done}, metadata says {offset + len(buffer)}"
+            )
+        done += got

@@ -15,7 +15,7 @@ import crc32c
 
 from threefs.common.limits import MiB
 from threefs.common.status import StatusCode, status_error
-from threefs.storage.chunk_state import crc_zeros
+from threefs.storage.chunk_state import crc_zeros, preadv_exact, pwritev_all
 from threefs.storage.chunk_store_meta import StoredChunk, io_status_error
 
 log = logging.getLogger("threefs.storage.chunk_engine")
@@ -176,32 +176,6 @@ class VersionFiles:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return status_error(StatusCode.NO_SPACE, f"target {self.path} is full: writing {path}: {exc.strerror}")
         return io_status_error(exc, f"target {self.path}: writing {path}")
-
-
-def pwritev_all(fd: int, buffers: list, offset: int) -> None:
-    """pwritev that finishes short writes (a short write without an error means the disk is full)."""
-    buffers = [memoryview(b) for b in buffers if len(b)]
-    while buffers:
-        written = os.pwritev(fd, buffers, offset)
-        if written == 0:
-            raise OSError(errno.ENOSPC, "short write")
-        offset += written
-        while buffers and written >= len(buffers[0]):
-            written -= len(buffers[0])
-            buffers.pop(0)
-        if buffers and written:
-            buffers[0] = buffers[0][written:]
-
-
-def preadv_exact(fd: int, buffer: memoryview, offset: int, path: str, flags: int = 0) -> None:
-    done = 0
-    while done < len(buffer):
-        got = os.preadv(fd, [buffer[done:]], offset + done, flags)
-        if got == 0:
-            raise status_error(
-                StatusCode.IO_ERROR, f"data file {path} ends at {offset + done}, metadata says {offset + len(buffer)}"
-            )
-        done += got
 
 
 def unlink_quietly(path: str) -> None:
