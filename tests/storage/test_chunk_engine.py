@@ -584,18 +584,8 @@ def check_after_crash(root: Path, ack_log: str) -> None:
 
 
 @pytest.fixture
-def tiny_tmpfs(tmp_path):
-    mount_point = tmp_path / "tmpfs"
-    mount_point.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)], capture_output=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {result.stderr.decode().strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=True)
+def tiny_tmpfs(tmpfs):
+    return tmpfs("4m")
 
 
 def test_disk_full_on_a_tiny_tmpfs(tiny_tmpfs):

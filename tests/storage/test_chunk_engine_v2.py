@@ -205,18 +205,8 @@ def test_v1_target_migrates_in_place_and_v1_refuses_a_v2_target(tmp_path):
 
 
 @pytest.fixture
-def tiny_tmpfs(tmp_path):
-    mount_point = tmp_path / "tmpfs"
-    mount_point.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount_point)], capture_output=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {result.stderr.decode().strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=True)
+def tiny_tmpfs(tmpfs):
+    return tmpfs("8m")
 
 
 def test_a_full_disk_is_no_space_and_keeps_committed_data(tiny_tmpfs):

@@ -97,42 +97,30 @@ def lease_grant_request(ttl_s: int) -> bytes:
 
 
 # -- decoding ----------------------------------------------------------------------------------------------
+def _read_varint(buf: bytes, i: int) -> tuple[int, int]:
+    """The varint at buf[i:] and the index after it."""
+    value = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i
+        shift += 7
+
+
 def _fields(buf: bytes) -> dict[int, list[Any]]:
     """Protobuf wire format -> {field number: [int or bytes, ...]} (varint and length-delimited only, which is
     all etcd's replies use)."""
     out: dict[int, list[Any]] = {}
     i, n = 0, len(buf)
     while i < n:
-        tag = 0
-        shift = 0
-        while True:
-            b = buf[i]
-            i += 1
-            tag |= (b & 0x7F) << shift
-            if b < 0x80:
-                break
-            shift += 7
+        tag, i = _read_varint(buf, i)
         field, wire = tag >> 3, tag & 7
         if wire == 0:
-            value = 0
-            shift = 0
-            while True:
-                b = buf[i]
-                i += 1
-                value |= (b & 0x7F) << shift
-                if b < 0x80:
-                    break
-                shift += 7
+            value, i = _read_varint(buf, i)
         elif wire == 2:
-            length = 0
-            shift = 0
-            while True:
-                b = buf[i]
-                i += 1
-                length |= (b & 0x7F) << shift
-                if b < 0x80:
-                    break
-                shift += 7
+            length, i = _read_varint(buf, i)
             value = buf[i:i + length]
             i += length
         elif wire == 1:
