@@ -48,6 +48,11 @@ class MetaService(KvstoreRpcs):
         self.clients = ClientSessions(self.store, self.data, config.client_session_timeout_s)
         self.known_users: dict[str, m.UserCred] = {}  # principal -> uid/gid, from mgmtd's token list
         self.hb_version = 0
+        # The RPC server listens (and this service is added to it) before start() has registered with
+        # mgmtd and fetched routing; until then every call is answered UNAVAILABLE, which clients take
+        # to another meta server. (Serving them found no chain table: creates failed for good with
+        # CHAIN_TABLE_NOT_FOUND right after a meta restart, 5 failed ops in a 30-minute soak.)
+        self.started = False
 
     def _table_info(self, table_id: int) -> tuple[int, int, int]:
         routing = self.mgmtd.routing
@@ -76,6 +81,7 @@ class MetaService(KvstoreRpcs):
     async def start(self) -> None:
         await self.register()
         await self.store.init()
+        self.started = True
 
     async def register(self) -> None:
         req = ms.RegisterReq(self.config.node_id, ms.META, self.config.addr, socket.gethostname(),
@@ -102,6 +108,9 @@ class MetaService(KvstoreRpcs):
             await self.mgmtd.refresh()
 
     def _caller(self, ctx: CallContext, req) -> Caller:
+        if not self.started:
+            raise status_error(StatusCode.UNAVAILABLE, f"meta server {self.config.name} is starting (not yet "
+                               "registered with mgmtd); another meta server serves the call")
         check_client_id(ctx.client_id)
         self.clients.seen(ctx.client_id)
         user = acting_user(ctx.principal, getattr(req, "user", None), self.known_users)
