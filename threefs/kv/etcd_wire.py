@@ -21,7 +21,8 @@ EQUAL, GREATER, LESS, NOT_EQUAL = 0, 1, 2, 3
 ASCEND, DESCEND = 1, 2
 
 METHODS = {"range": "/etcdserverpb.KV/Range", "txn": "/etcdserverpb.KV/Txn",
-           "lease/grant": "/etcdserverpb.Lease/LeaseGrant", "compact": "/etcdserverpb.KV/Compact"}
+           "lease/grant": "/etcdserverpb.Lease/LeaseGrant", "compact": "/etcdserverpb.KV/Compact",
+           "status": "/etcdserverpb.Maintenance/Status"}
 WATCH_METHOD = "/etcdserverpb.Watch/Watch"  # a bidirectional stream
 PUT_EVENT, DELETE_EVENT = 0, 1  # Event.type
 
@@ -203,9 +204,15 @@ def watch_response(raw: bytes) -> dict[str, Any]:
             "cancel_reason": _first(f, 6, b"").decode(errors="replace"), "events": events}
 
 
+def status_response(raw: bytes) -> dict[str, Any]:
+    """StatusResponse -> {"member_id": this member, "leader": the leader's member id, "raft_index"}."""
+    f = _fields(raw)
+    return {"member_id": _first(_fields(_first(f, 1, b"")), 2), "leader": _first(f, 4), "raft_index": _first(f, 5)}
+
+
 def compaction_response(raw: bytes) -> dict[str, Any]:
     return {"header": _header(_first(_fields(raw), 1, b""))}
 
 
 DECODERS = {"range": range_response, "txn": txn_response, "lease/grant": lease_grant_response,
-            "compact": compaction_response}
+            "compact": compaction_response, "status": status_response}
