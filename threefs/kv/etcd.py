@@ -11,9 +11,14 @@ Layout under `prefix` (default "threefs"):
   prefix/c/ID   the clear_range log: the ranges cleared by commit ID (msgpack), with the current lease
   prefix/cr     touched by every commit that has a clear_range
   prefix/t/ID   commit ID's exactly-once token (empty, with the current lease)
+  prefix/e      the version key: put by every commit (no compare), so its mod_revision is the latest commit
 
-- version = etcd revision. A transaction's read version is the revision of a linearizable read: its first
-  get (which returns the value too), or a bare read when it starts otherwise; concurrent transactions of one
+- Replica (_Replica; `?replica=off` turns it off): every data key, loaded at one revision and kept exact by a
+  watch on [prefix/d/, prefix/e]; a transaction waits (bounded) until the watch has applied its read version,
+  then reads locally. Compaction, dead or frozen watch members fall back to etcd reads, never to stale ones.
+
+- version = etcd revision. A transaction's read version is the version key's mod_revision, by a linearizable
+  read (without a replica: the revision of its first get, which returns the value too); concurrent transactions of one
   engine share such reads (FoundationDB's GRV batching: a transaction waits for a read *sent after it asked*,
   so it sees every commit acknowledged before). Reads are serializable etcd range
   requests at that revision, so etcd's MVCC is the snapshot until it compacts ("compacted" -> KV_TOO_OLD);
