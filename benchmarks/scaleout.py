@@ -2,7 +2,7 @@
 etcd beside SQLite.
 
     .venv/bin/python benchmarks/scaleout.py reads [--hosts 1,2,3,4] [--mbit 200] [--mib 48]
-    .venv/bin/python benchmarks/scaleout.py kv [--seconds 2] [--repeats 3] [--tasks 1,8] [--no-fsync]
+    .venv/bin/python benchmarks/scaleout.py kv [--seconds 2] [--repeats 3] [--tasks 1,8] [--no-fsync] [--direct]
     .venv/bin/python benchmarks/scaleout.py creates [--clients 8] [--files 800] [--repeats 1] [--direct]
 
 reads (root: network namespaces, threefs/testing/netns.py): hosts ctl (mgmtd + meta), s1..sN (one storage
@@ -200,6 +200,9 @@ def cmd_kv(args) -> None:
                     for rep in range(args.repeats):
                         rows = [("etcd x3", lambda: kv_rate(etcd.kv_url(f"b{tasks}-{rep}"), tasks, args.seconds)),
                                 ("plain etcd txn", lambda: plain_etcd_rate(first, tasks, args.seconds))]
+                        if args.direct:
+                            rows.append(("etcd x3 direct", lambda: kv_rate(
+                                etcd.kv_url(f"d{tasks}-{rep}") + "?replica=off", tasks, args.seconds)))
                         if not label:
                             rows.append(("sqlite", lambda: kv_rate(f"sqlite:///{tmp}/kv{tasks}-{rep}.db", tasks,
                                                                    args.seconds)))
@@ -263,6 +266,7 @@ def main() -> None:
     k.add_argument("--seconds", type=float, default=2.0)
     k.add_argument("--repeats", type=int, default=3)
     k.add_argument("--tasks", default="1,8")
+    k.add_argument("--direct", action="store_true", help="also the engine with ?replica=off")
     k.add_argument("--no-fsync", action="store_true", help="also a cluster with --unsafe-no-fsync (not the "
                    "product figure: shows what etcd's fsync costs)")
     k.set_defaults(fn=cmd_kv)
