@@ -2,8 +2,8 @@
 etcd beside SQLite.
 
     .venv/bin/python benchmarks/scaleout.py reads [--hosts 1,2,3,4] [--mbit 200] [--mib 48]
-    .venv/bin/python benchmarks/scaleout.py kv [--seconds 2] [--repeats 3] [--tasks 1,8] [--no-fsync]
-    .venv/bin/python benchmarks/scaleout.py creates [--clients 8] [--files 800] [--repeats 1]
+    .venv/bin/python benchmarks/scaleout.py kv [--seconds 2] [--repeats 3] [--tasks 1,8] [--no-fsync] [--direct]
+    .venv/bin/python benchmarks/scaleout.py creates [--clients 8] [--files 800] [--repeats 1] [--direct]
 
 reads (root: network namespaces, threefs/testing/netns.py): hosts ctl (mgmtd + meta), s1..sN (one storage
 service each, link capped to --mbit each way with tbf) and cli (uncapped), started with `threefs up --spec`.
@@ -18,7 +18,8 @@ two keys) through the same client library (grpcio) at the same concurrency. Goal
 --no-fsync repeats the etcd rows on a cluster run with --unsafe-no-fsync (not a product figure).
 
 creates: threefs file creates/s with --clients client processes on a local cluster (3 storage, R=3, 2 meta)
-keeping metadata on SQLite, then on a 3-member etcd. Goal: etcd >= 0.5x SQLite.
+keeping metadata on SQLite, then on a 3-member etcd (--direct: also etcd without the engine's replica, every
+read from etcd). Goal: etcd >= 0.5x SQLite.
 """
 
 from __future__ import annotations
@@ -199,6 +200,9 @@ def cmd_kv(args) -> None:
                     for rep in range(args.repeats):
                         rows = [("etcd x3", lambda: kv_rate(etcd.kv_url(f"b{tasks}-{rep}"), tasks, args.seconds)),
                                 ("plain etcd txn", lambda: plain_etcd_rate(first, tasks, args.seconds))]
+                        if args.direct:
+                            rows.append(("etcd x3 direct", lambda: kv_rate(
+                                etcd.kv_url(f"d{tasks}-{rep}") + "?replica=off", tasks, args.seconds)))
                         if not label:
                             rows.append(("sqlite", lambda: kv_rate(f"sqlite:///{tmp}/kv{tasks}-{rep}.db", tasks,
                                                                    args.seconds)))
@@ -227,8 +231,11 @@ def cmd_creates(args) -> None:
         with EtcdCluster(Path(tmp) / "etcd", members=args.members) as etcd:
             rates = {}
             for rep in range(args.repeats):
-                for name, kv in (("sqlite", ""), ("etcd", etcd.kv_url(f"fs{rep}"))):
-                    cluster = LocalCluster(os.path.join(tmp, f"cluster-{name.split()[0]}-{rep}"))
+                systems = [("sqlite", ""), ("etcd", etcd.kv_url(f"fs{rep}"))]
+                if args.direct:
+                    systems.append(("etcd direct", etcd.kv_url(f"fd{rep}") + "?replica=off"))
+                for name, kv in systems:
+                    cluster = LocalCluster(os.path.join(tmp, f"cluster-{name.replace(' ', '-')}-{rep}"))
                     cluster.up(3, 3, meta=2, kv=kv)
                     try:
                         rate = run_system("threefs", str(cluster.client_config_path), args.clients, args.files,
@@ -240,6 +247,8 @@ def cmd_creates(args) -> None:
                           f"{open('/proc/loadavg').read().split()[:3]}", flush=True)
             print(f"  -> etcd ({args.members} members) / sqlite = {rates['etcd'] / rates['sqlite']:.2f}x (best runs; "
                   f"goal >= 0.5x)")
+            if args.direct:
+                print(f"  -> etcd without its replica / sqlite = {rates['etcd direct'] / rates['sqlite']:.2f}x")
 
 
 def main() -> None:
@@ -257,6 +266,7 @@ def main() -> None:
     k.add_argument("--seconds", type=float, default=2.0)
     k.add_argument("--repeats", type=int, default=3)
     k.add_argument("--tasks", default="1,8")
+    k.add_argument("--direct", action="store_true", help="also the engine with ?replica=off")
     k.add_argument("--no-fsync", action="store_true", help="also a cluster with --unsafe-no-fsync (not the "
                    "product figure: shows what etcd's fsync costs)")
     k.set_defaults(fn=cmd_kv)
@@ -265,6 +275,7 @@ def main() -> None:
     c.add_argument("--files", type=int, default=800)
     c.add_argument("--repeats", type=int, default=1)
     c.add_argument("--members", type=int, default=3, help="etcd members (1: what one member costs, not HA)")
+    c.add_argument("--direct", action="store_true", help="also etcd with ?replica=off (every read from etcd)")
     c.set_defaults(fn=cmd_creates)
     args = p.parse_args()
     args.fn(args)

@@ -47,6 +47,13 @@ ENGINES: dict[str, EngineSpec] = {
         with_clock=lambda tmp, clock: EtcdEngine(_etcd().endpoints.split(","), f"kvtest-{tmp.name}", clock=clock),
         durable=True,
     ),
+    # The same without the watch-kept replica: every read goes to etcd (the engine's other read path).
+    "etcd-direct": EngineSpec(
+        url=lambda tmp: _etcd().kv_url(f"kvdirect-{tmp.name}") + "?replica=off",
+        with_clock=lambda tmp, clock: EtcdEngine(_etcd().endpoints.split(","), f"kvdirect-{tmp.name}",
+                                                 clock=clock, replica=False),
+        durable=True,
+    ),
 }
 
 

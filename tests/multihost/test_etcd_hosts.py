@@ -20,7 +20,7 @@ import msgspec
 import pytest
 
 from threefs.common.config import ClientConfig, save_toml
-from threefs.testing.etcd_cluster import EtcdCluster, EtcdMember, _die_with_parent, etcd_available
+from threefs.testing.etcd_cluster import EtcdCluster, EtcdMember, die_with_parent, etcd_available
 from threefs.testing.netns import MGMTD_PORT, NetLab, cluster_configs, netns_unavailable
 
 from test_partition import DEADLINE_S, HELPER, Acks, _helper  # tests/multihost is on sys.path (rootdir)
@@ -45,8 +45,8 @@ class NetnsEtcd(EtcdCluster):
 
     def spawn(self, index: int, argv: list[str], log) -> subprocess.Popen:
         # `ip netns exec` execs etcd in place, so the pid is etcd's and stop_member's SIGKILL reaches it.
-        return self.lab.popen(ETCD_HOSTS[index], argv, stdout=log, stderr=subprocess.STDOUT,
-                              preexec_fn=_die_with_parent)
+        argv, extra = die_with_parent(argv)
+        return self.lab.popen(ETCD_HOSTS[index], argv, stdout=log, stderr=subprocess.STDOUT, **extra)
 
     def health(self, member: EtcdMember) -> str:
         host = ETCD_HOSTS[self.members.index(member)]

@@ -21,7 +21,10 @@ EQUAL, GREATER, LESS, NOT_EQUAL = 0, 1, 2, 3
 ASCEND, DESCEND = 1, 2
 
 METHODS = {"range": "/etcdserverpb.KV/Range", "txn": "/etcdserverpb.KV/Txn",
-           "lease/grant": "/etcdserverpb.Lease/LeaseGrant"}
+           "lease/grant": "/etcdserverpb.Lease/LeaseGrant", "compact": "/etcdserverpb.KV/Compact",
+           "status": "/etcdserverpb.Maintenance/Status"}
+WATCH_METHOD = "/etcdserverpb.Watch/Watch"  # a bidirectional stream
+PUT_EVENT, DELETE_EVENT = 0, 1  # Event.type
 
 
 def _varint(n: int) -> bytes:
@@ -94,6 +97,15 @@ def txn_request(compares: list[bytes], success: list[bytes], failure: list[bytes
 
 def lease_grant_request(ttl_s: int) -> bytes:
     return _int(1, ttl_s)
+
+
+def compaction_request(revision: int, physical: bool = True) -> bytes:
+    return _int(1, revision) + _int(2, physical)
+
+
+def watch_create_request(key: bytes, range_end: bytes, start_revision: int) -> bytes:
+    """WatchRequest{create_request: WatchCreateRequest{key, range_end, start_revision}}."""
+    return _bytes(1, _bytes(1, key) + _opt_bytes(2, range_end) + _int(3, start_revision))
 
 
 # -- decoding ----------------------------------------------------------------------------------------------
@@ -178,4 +190,29 @@ def lease_grant_response(raw: bytes) -> dict[str, Any]:
             "error": _first(f, 4, b"").decode()}
 
 
-DECODERS = {"range": range_response, "txn": txn_response, "lease/grant": lease_grant_response}
+def watch_response(raw: bytes) -> dict[str, Any]:
+    """WatchResponse -> {"header", "watch_id", "created", "canceled", "compact_revision", "cancel_reason",
+    "events": [(type, key, value, mod_revision), ...]} (a delete's mod_revision is the deletion's revision)."""
+    f = _fields(raw)
+    events = []
+    for raw_event in f.get(11, []):
+        ef = _fields(raw_event)
+        kv = _fields(_first(ef, 2, b""))
+        events.append((_first(ef, 1), _first(kv, 1, b""), _first(kv, 5, b""), _first(kv, 3)))
+    return {"header": _header(_first(f, 1, b"")), "watch_id": _first(f, 2), "created": bool(_first(f, 3)),
+            "canceled": bool(_first(f, 4)), "compact_revision": _first(f, 5),
+            "cancel_reason": _first(f, 6, b"").decode(errors="replace"), "events": events}
+
+
+def status_response(raw: bytes) -> dict[str, Any]:
+    """StatusResponse -> {"member_id": this member, "leader": the leader's member id, "raft_index"}."""
+    f = _fields(raw)
+    return {"member_id": _first(_fields(_first(f, 1, b"")), 2), "leader": _first(f, 4), "raft_index": _first(f, 5)}
+
+
+def compaction_response(raw: bytes) -> dict[str, Any]:
+    return {"header": _header(_first(_fields(raw), 1, b""))}
+
+
+DECODERS = {"range": range_response, "txn": txn_response, "lease/grant": lease_grant_response,
+            "compact": compaction_response, "status": status_response}

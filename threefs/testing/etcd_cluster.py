@@ -38,9 +38,19 @@ MAX_TXN_OPS = 100_000  # etcd's default is 128; a KV commit is one etcd Txn with
 
 
 def _die_with_parent() -> None:
-    """In the child: SIGKILL when the process that started it dies, so a killed test run leaks no etcd."""
+    """In the child: SIGKILL when the process that started it dies, so a killed test run leaks no etcd.
+    Only where setpriv is missing (see die_with_parent): Python code between fork and exec can crash the child
+    of a process whose gRPC threads are busy (seen: SIGSEGV before exec while an engine's watch streamed)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def die_with_parent(argv: list[str]) -> tuple[list[str], dict]:
+    """(argv, Popen keyword arguments) that start `argv` so that it gets SIGKILL when its parent dies:
+    through util-linux's setpriv (no Python code runs in the forked child), else with a preexec_fn."""
+    if shutil.which("setpriv"):
+        return ["setpriv", "--pdeathsig", "KILL", *argv], {}
+    return list(argv), {"preexec_fn": _die_with_parent}
 
 
 def etcd_available() -> str | None:
@@ -136,8 +146,8 @@ class EtcdCluster:
 
     def spawn(self, index: int, argv: list[str], log) -> subprocess.Popen:
         """Start member `index`'s process (a subclass may start it elsewhere, e.g. in a network namespace)."""
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+        argv, extra = die_with_parent(argv)
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **extra)
 
     def health(self, member: EtcdMember) -> str:
         """The body of the member's /health (raises OSError when it does not answer)."""
