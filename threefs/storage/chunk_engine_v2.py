@@ -234,6 +234,28 @@ def read_journal(path: str) -> tuple[list, int]:
     return out, at
 
 
+def committed_position(target: str, chunk_id: bytes) -> tuple[int, int] | None:
+    """(block position, committed length) of a chunk's committed bytes, read from outside the engine
+    (tests that damage bytes on purpose, while the storage service runs): the journal first, then SQLite
+    read-only; a journal record newer than SQLite's applied_seq wins (this order is right whatever
+    flushes run between the two reads). None: no committed bytes."""
+    records, _ = read_journal(os.path.join(target, "journal"))
+    db = sqlite3.connect(f"file:{os.path.join(target, 'meta.sqlite')}?mode=ro", uri=True, timeout=10)
+    try:
+        applied = db.execute("SELECT value FROM info WHERE key = 'applied_seq'").fetchone()
+        row = db.execute(f"SELECT {_COLUMNS} FROM chunks WHERE id = ?", (chunk_id,)).fetchone()
+    finally:
+        db.close()
+    applied = int(applied[0]) if applied else 0
+    st = None if row is None else row_to_state(row)
+    for seq, cid, jrow in records:
+        if seq > applied and cid == chunk_id:
+            st = None if jrow is None else row_to_state(jrow)
+    if st is None or not st.commit_ver or st.pos is None:
+        return None
+    return st.pos, st.length
+
+
 class _Reader:
     """Epochs of in-flight reads: a block freed at epoch E is reused only when no read that started at
     an epoch <= E still runs (it may have looked the block up before the free)."""
