@@ -44,6 +44,7 @@ import os
 import sqlite3
 import struct
 import threading
+import time
 from contextlib import contextmanager
 
 import crc32c
@@ -77,8 +78,12 @@ JOURNAL_FLUSH_BYTES = 2 * MiB  # ... or bytes (it is replayed at start-up: this 
 _JHEAD = struct.Struct("<II")  # journal record: payload length, CRC32C of the payload
 CACHE_MAX = 1 << 18  # chunk states kept in memory (write-through; cleared when full)
 METADATA_HEADROOM = 4 * MiB  # data may not take the last bytes: commits and removals must still fit
+FREE_RECHECK_BYTES = 256 * MiB  # statvfs before each fallocate only this close to the headroom ...
+FREE_RECHECK_S = 1.0  # ... or when the last answer is older than this
 _ZEROS = memoryview(bytes(1 * MiB))
 _FULL = (1 << GROUP_BLOCKS) - 1
+_BLOCK_MASK = (1 << 40) - 1
+_MISSING = object()
 
 
 def block_size(cls: int) -> int:
@@ -363,6 +368,7 @@ class ChunkEngineV2:
         self.files_per_class = int(info["files_per_class"])
         self._batch = 0
         self._cache: dict[bytes, State | None] = {}  # states as SQLite holds them
+        self._metas: dict[bytes, tuple[State, ChunkMeta]] = {}  # ChunkMeta of a state (reads answer it)
         self._dirty: dict[bytes, tuple[State | None, State | None]] = {}  # (in SQLite, now): journaled only
         self._touched: set[int] = set()  # groups whose bitmap changed since the last flush
         self._reader = _Reader()
@@ -373,6 +379,7 @@ class ChunkEngineV2:
         self._journal_records = self._journal_bytes = 0
         self._journal_fd = None
         self._replaying = False
+        self._free_known = (0, 0.0)  # (free bytes of the file system, when statvfs said so) minus fallocations
         self._count = 0
         self._load_groups()
         self._replay_journal()
@@ -710,8 +717,7 @@ class ChunkEngineV2:
         else:
             start, length = pos_block(pos) * bs, bs
         try:
-            vfs = os.statvfs(self._block_dir)
-            if vfs.f_bavail * vfs.f_frsize < length + METADATA_HEADROOM:
+            if not self._room_for(length):
                 raise OSError(errno.ENOSPC, f"{length} bytes for data would leave less than {METADATA_HEADROOM} "
                               "bytes for the metadata store")
             os.posix_fallocate(fd, start, length)
@@ -725,6 +731,22 @@ class ChunkEngineV2:
                 self._ready_blocks[gid] = self._ready_blocks.get(gid, 0) | (1 << (pos & 0xFF))
             else:
                 self._ready.add(gid)
+
+    def _room_for(self, length: int) -> bool:
+        """Does the file system keep METADATA_HEADROOM after `length` more bytes? statvfs is asked again
+        only within FREE_RECHECK_BYTES of the limit or after FREE_RECHECK_S (a sequential write of 1 MiB
+        chunks fallocates each block: this keeps a statvfs out of most of them)."""
+        now = time.monotonic()
+        with self._lock:
+            known, at = self._free_known
+            if known - length > METADATA_HEADROOM + FREE_RECHECK_BYTES and now - at < FREE_RECHECK_S:
+                self._free_known = (known - length, at)
+                return True
+        vfs = os.statvfs(self._block_dir)
+        free = vfs.f_bavail * vfs.f_frsize
+        with self._lock:
+            self._free_known = (free - length, now)
+        return free >= length + METADATA_HEADROOM
 
     def _unalloc(self, blocks) -> None:
         """Give back blocks taken by a write that failed (never persisted, never seen by readers)."""
@@ -810,7 +832,7 @@ class ChunkEngineV2:
         with self._lock:
             self._check_open()
             st = self._get(chunk_id)
-        return None if st is None else make_meta(chunk_id, st)
+            return None if st is None else self._meta_of(chunk_id, st)
 
     def iter_metas(self, begin: bytes = b"", end: bytes | None = None, *, reverse: bool = False,
                    limit: int = 0) -> list[ChunkMeta]:
@@ -861,40 +883,76 @@ class ChunkEngineV2:
     def read(self, chunk_id: bytes, offset: int, length: int, out: memoryview | None = None, *,
              pending: bool = False, nowait: bool = False) -> tuple[memoryview | bytes, ChunkMeta]:
         """As ChunkEngine.read: one preadv into `out` for a chunk without an overlay."""
-        _check_chunk_id(chunk_id)
-        view = None if out is None else _as_byte_view(out)
+        if type(chunk_id) is not bytes or len(chunk_id) != 16:
+            _check_chunk_id(chunk_id)
+        if out is None:
+            view = None
+        elif type(out) is memoryview and out.format == "B" and out.ndim == 1:
+            view = out
+        else:
+            view = _as_byte_view(out)
         if offset < 0 or length < 0 or (view is not None and (view.readonly or len(view) < length)):
             raise status_error(StatusCode.INVALID_ARGUMENT, f"bad read: offset {offset}, length {length}")
+        reader = self._reader
         with self._lock:
-            self._check_open()
-            st = self._get(chunk_id)
+            if self._closed:
+                self._check_open()
+            entry = self._dirty.get(chunk_id)
+            if entry is not None:
+                st = entry[1]
+            else:
+                st = self._cache.get(chunk_id, _MISSING)
+                if st is _MISSING:
+                    st = self._get(chunk_id)
             if st is None:
                 raise status_error(StatusCode.CHUNK_NOT_FOUND, f"chunk {chunk_id.hex()} not found on {self.path}")
-            if pending and st.p is not None:
-                if st.p.remove:
+            p = st.p
+            if pending and p is not None:
+                if p.remove:
                     raise status_error(StatusCode.CHUNK_NOT_FOUND, f"chunk {chunk_id.hex()} has a pending removal")
-                pos, ov, size = st.p.pos, st.p.ov, st.p.length
+                pos, ov, size = p.pos, p.ov, p.length
             else:
                 pos, ov, size = st.pos, st.ov, st.length
-            count = max(0, min(length, size - offset))
-            epoch = self._reader.enter() if count else None
-        meta = make_meta(chunk_id, st)
-        if count == 0:
+            count = min(length, size - offset)
+            if count > 0:
+                epoch = reader.epoch  # (_Reader.enter, inlined: this is the hot path)
+                reader.active[epoch] = reader.active.get(epoch, 0) + 1
+            meta = self._meta_of(chunk_id, st)
+        if count <= 0:
             return (b"" if view is None else view[:0]), meta
         try:
+            cls = pos >> 56
+            fd = self._fds[(cls, (pos >> 40) & 0xFFFF)]
+            at = (pos & _BLOCK_MASK) * (BLOCK_MIN << cls) + offset
             if view is None and ov is None:
-                fd, base = self._where(pos)
-                data = os.pread(fd, count, base + offset)
+                data = os.pread(fd, count, at)
                 if len(data) != count:
                     raise status_error(StatusCode.IO_ERROR, f"target {self.path}: {pos_str(pos)} is beyond the "
                                        "end of its data file")
                 return data, meta
             target = memoryview(bytearray(count)) if view is None else view[:count]
-            self._read_version(pos, ov, offset, target, os.RWF_NOWAIT if nowait and view is not None else 0)
+            flags = os.RWF_NOWAIT if nowait and view is not None else 0
+            if ov is not None or os.preadv(fd, (target,), at, flags) != count:
+                self._read_version(pos, ov, offset, target, flags)  # an overlay, or a short read
         finally:
             with self._lock:
-                self._reader.leave(epoch)
+                n = reader.active[epoch] - 1
+                if n:
+                    reader.active[epoch] = n
+                else:
+                    del reader.active[epoch]
         return (bytes(target) if view is None else target), meta
+
+    def _meta_of(self, chunk_id: bytes, st: State) -> ChunkMeta:
+        """make_meta, remembered per state (caller holds the lock; states are immutable)."""
+        hit = self._metas.get(chunk_id)
+        if hit is not None and hit[0] is st:
+            return hit[1]
+        meta = make_meta(chunk_id, st)
+        if len(self._metas) >= CACHE_MAX:
+            self._metas.clear()
+        self._metas[chunk_id] = (st, meta)
+        return meta
 
     def verify(self, chunk_id: bytes) -> bool:
         """Re-read the committed bytes and check them against the stored CRC32C."""
