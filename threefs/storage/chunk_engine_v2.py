@@ -475,16 +475,18 @@ class ChunkEngineV2:
     def close(self) -> None:
         """Persist deferred metadata, close the files and unlock the target. Idempotent."""
         with self._lock:
-            if self._closed:
+            if self._lock_fd is None:
                 return
-            try:
-                self._flush()
-            except ThreeFSError as exc:
-                log.warning("target %s: journal not flushed into SQLite at close (start-up replays it): %s",
-                            self.path, exc)
+            if not self._closed:  # (closed but not released: a failed batch; its memory is not persisted)
+                try:
+                    self._flush()
+                except ThreeFSError as exc:
+                    log.warning("target %s: journal not flushed into SQLite at close (start-up replays it): %s",
+                                self.path, exc)
             self._closed = True
+            lock_fd, self._lock_fd = self._lock_fd, None
         self._close_files()
-        os.close(self._lock_fd)
+        os.close(lock_fd)
 
     def __enter__(self):
         return self
