@@ -76,7 +76,7 @@ def test_exit_without_close_loses_nothing_and_a_torn_record_is_dropped(tmp_path)
     with open(journal, "ab") as f:
         f.write(b"\x40\x00\x00\x00\x01\x02")  # a torn record: a header and a few bytes of its payload
     with ChunkEngineV2(str(tmp_path / "t")) as e:
-        assert states(e) == expected
+        assert states(e) == expected and e.chunk_count() == len(expected)
         data, meta = e.read(b"\xff" * 16, 0, 100, pending=True)
         assert bytes(data) == b"pending" * 10 and meta.commit_ver == 0
         for m in e.iter_metas():
@@ -136,3 +136,26 @@ def test_journal_is_flushed_past_its_limit_and_outside_readers_see_journaled_sta
             assert f.read(9) == b"new bytes"
         assert crc32c.crc32c(b"new bytes") == e.get_meta(cid(7)).crc
         assert committed_position(path, cid(999)) is None
+
+
+def test_the_chunk_count_is_kept_in_the_metadata_and_checked(tmp_path):
+    """Opening does not count the chunks (a 1,000,000-chunk target must open in under 2 s): every flush
+    keeps the count in `info`; target-check compares it with the chunks stored."""
+    import sqlite3
+
+    path = str(tmp_path / "t")
+    with ChunkEngineV2(path) as e:
+        for i in range(30):
+            e.write(cid(i), update_ver=1, chain_ver=1, offset=0, data=b"x" * 10, chunk_size=CHUNK)
+            e.commit(cid(i), 1)
+        e.remove(cid(3), update_ver=2, chain_ver=1)
+        e.commit(cid(3), 2)
+    with ChunkEngineV2(path) as e:
+        assert e.chunk_count() == 29
+    assert check_target(path).ok
+    db = sqlite3.connect(os.path.join(path, "meta.sqlite"))
+    db.execute("UPDATE info SET value = 31 WHERE key = 'chunk_count'")
+    db.commit()
+    db.close()
+    report = check_target(path)
+    assert any("chunk count kept in the metadata (31)" in p for p in report.problems), report.lines()

@@ -374,16 +374,18 @@ class ChunkEngineV2:
         self._reader = _Reader()
         self._limbo: list[tuple[int, int, list[int]]] = []  # (epoch freed, journal seq of the free, blocks)
         self._sync_lock = threading.Lock()
+        self._count_unsaved = "chunk_count" not in info  # a target written before the count was kept
         self._seq = self._applied_seq = int(info.get("applied_seq", 0))
         self._synced_seq = self._seq
         self._journal_records = self._journal_bytes = 0
         self._journal_fd = None
         self._replaying = False
         self._free_known = (0, 0.0)  # (free bytes of the file system, when statvfs said so) minus fallocations
-        self._count = 0
+        # the chunk count is kept in `info` by every flush (opening a big target must not scan it)
+        self._count = int(info["chunk_count"]) if "chunk_count" in info else \
+            db.execute("SELECT count(*) FROM chunks").fetchone()[0]
         self._load_groups()
         self._replay_journal()
-        self._count = db.execute("SELECT count(*) FROM chunks").fetchone()[0]
         self._closed = False
         self._redo_folds()
 
@@ -586,7 +588,7 @@ class ChunkEngineV2:
     def _flush(self) -> None:
         """Write every journaled state into SQLite in one transaction, then empty the journal (caller
         holds the lock). On failure SQLite is unchanged and the journal still holds everything."""
-        if not self._dirty and not self._touched:
+        if not self._dirty and not self._touched and not self._count_unsaved:
             return
         db = self._db
         try:
@@ -601,6 +603,7 @@ class ChunkEngineV2:
                 db.executemany("INSERT OR REPLACE INTO groups VALUES (?, ?)",
                                [(gid, self._db_bits.get(gid, 0).to_bytes(32, "little")) for gid in self._touched])
             db.execute("INSERT OR REPLACE INTO info VALUES ('applied_seq', ?)", (self._seq,))
+            db.execute("INSERT OR REPLACE INTO info VALUES ('chunk_count', ?)", (self._count,))
             db.execute("COMMIT")
         except sqlite3.Error as exc:
             try:
@@ -609,6 +612,7 @@ class ChunkEngineV2:
                 pass
             raise _sql_error(exc, self.path) from exc
         self._applied_seq = self._seq
+        self._count_unsaved = False
         if len(self._cache) + len(self._dirty) >= CACHE_MAX:
             self._cache.clear()
         for c, (_, new) in self._dirty.items():
