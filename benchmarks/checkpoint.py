@@ -3,6 +3,12 @@ against torch.save/torch.load, safetensors save_file/load_file and DCP's FileSys
 local disk.
 
     .venv/bin/python benchmarks/checkpoint.py [--gib 2 4] [--replicas 3] [--storage 3] [--rounds 1]
+        [--engines v1,v2] [--methods safetensors,CheckpointManager] [--profile DIR]
+
+--engines runs the threefs part once per chunk engine (a fresh cluster each; the local rows run in each);
+--methods keeps the methods whose name contains one of the words; --profile records py-spy (raw folded
+stacks) of every storage process and of this process during the first cold CheckpointManager load, and
+prints CPU seconds per GB per process for that load.
 
 State dicts are transformer-shaped (bf16 embeddings, per layer q/k/v/o hidden x hidden, gate/up/down
 hidden x ffn, two norms) scaled to the requested size. Every method saves the same dict and loads it
@@ -147,7 +153,43 @@ def methods(fs: Client, local: str, root: str, sd: dict, mnt: str | None):
            lambda: torch.load(f"{mnt}{root}/model.pt", weights_only=True))] if mnt else []), mgr
 
 
-def run_size(fs: Client, tmp: str, cluster_dir: str, gib: float, rounds: int, mnt: str | None) -> dict:
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Profile:
+    """CPU seconds (and, with a directory, py-spy raw stacks) of given processes over one timed step."""
+
+    def __init__(self, pids: dict[str, int], directory: str | None):
+        self.pids, self.directory, self.spies = pids, directory, []
+
+    def __enter__(self):
+        import subprocess
+
+        self.cpu0 = {n: cpu_seconds(p) for n, p in self.pids.items()}
+        if self.directory:
+            os.makedirs(self.directory, exist_ok=True)
+            spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+            for name, pid in self.pids.items():
+                self.spies.append(subprocess.Popen(
+                    [spy, "record", "-r", "200", "-p", str(pid), "-f", "raw", "-o",
+                     os.path.join(self.directory, f"{name}.txt")] + (["--threads"] if name == "loader" else []),
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            time.sleep(1.0)  # py-spy attaches
+        return self
+
+    def __exit__(self, *exc):
+        self.cpu = {n: cpu_seconds(p) - self.cpu0[n] for n, p in self.pids.items()}
+        for spy in self.spies:
+            spy.send_signal(2)  # SIGINT: py-spy writes its file
+        for spy in self.spies:
+            spy.wait(timeout=60)
+
+
+def run_size(fs: Client, tmp: str, cluster_dir: str, gib: float, rounds: int, mnt: str | None,
+             words: list[str] | None = None, profile: str | None = None, pids: dict | None = None) -> dict:
     sd = transformer_state(int(gib * GiB))
     nbytes = state_bytes(sd)
     local = os.path.join(tmp, f"local-{gib}")
@@ -155,6 +197,8 @@ def run_size(fs: Client, tmp: str, cluster_dir: str, gib: float, rounds: int, mn
     root = f"/bench-ckpt-{gib}"
     fs.mkdir(root, exist_ok=True)
     table, mgr = methods(fs, local, root, sd, mnt)
+    if words:
+        table = [m for m in table if any(w in m[0] for w in words)]
     best: dict[str, list[float]] = {}
     for r in range(rounds):
         for name, save, load in table:
@@ -164,7 +208,14 @@ def run_size(fs: Client, tmp: str, cluster_dir: str, gib: float, rounds: int, mn
                 raise SystemExit(f"{name}: loaded state differs from the saved one")
             del out
             drop_cache(cluster_dir if name.startswith("threefs") else local)
-            tc, out = timed(lambda: touch(load()))  # cold: read from the disk
+            if r == 0 and name == "threefs CheckpointManager" and pids:
+                with Profile({**pids, "loader": os.getpid()}, profile) as prof:
+                    tc, out = timed(lambda: touch(load()))  # cold: read from the disk
+                print("cold CheckpointManager load, CPU s per GB: " + ", ".join(
+                    f"{n} {c / (nbytes / 1e9):.2f}" for n, c in sorted(prof.cpu.items()))
+                    + (f" (py-spy stacks in {profile})" if profile else ""))
+            else:
+                tc, out = timed(lambda: touch(load()))  # cold: read from the disk
             del out
             prev = best.get(name, [float("inf")] * 3)
             best[name] = [min(prev[0], ts), min(prev[1], tl), min(prev[2], tc)]
@@ -179,12 +230,14 @@ def run_size(fs: Client, tmp: str, cluster_dir: str, gib: float, rounds: int, mn
               f"{tc:>11.2f} {nbytes / tc / 1e9:>6.2f}")
     print(f"threefs async_save: training blocked {t_block:.2f} s (snapshot), save done "
           f"{t_block + t_all:.2f} s after the call")
-    m, s, t = best["threefs CheckpointManager"], best["safetensors save_file / load_file (local disk)"], \
-        best["torch.save / torch.load (local disk)"]
-    print(f"ratio threefs load / safetensors load, warm: {s[1] / m[1]:.2f}x, cold: {s[2] / m[2]:.2f}x "
-          "(goal >= 1.0; warm safetensors maps the page cache and copies nothing)")
-    print(f"ratio threefs save / torch.save:      {t[0] / m[0]:.2f}x (goal >= 2.0)")
-    print(f"ratio threefs async_save blocking / torch.save: {t[0] / t_block:.2f}x faster")
+    m, s, t = (best.get("threefs CheckpointManager"), best.get("safetensors save_file / load_file (local disk)"),
+               best.get("torch.save / torch.load (local disk)"))
+    if m and s:
+        print(f"ratio threefs load / safetensors load, warm: {s[1] / m[1]:.2f}x, cold: {s[2] / m[2]:.2f}x "
+              "(goal >= 1.0; warm safetensors maps the page cache and copies nothing)")
+    if m and t:
+        print(f"ratio threefs save / torch.save:      {t[0] / m[0]:.2f}x (goal >= 2.0)")
+        print(f"ratio threefs async_save blocking / torch.save: {t[0] / t_block:.2f}x faster")
     shutil.rmtree(local, ignore_errors=True)
     fs.remove_tree(root)
     return best
@@ -197,17 +250,29 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--no-fuse", action="store_true", help="skip torch.save/load through the FUSE mount")
+    ap.add_argument("--engines", default="", help="chunk engines to run the threefs part on, e.g. v1,v2 "
+                    "(default: the default engine)")
+    ap.add_argument("--methods", default="", help="comma-separated words: keep methods whose name has one")
+    ap.add_argument("--profile", default=None, help="directory for py-spy stacks of the cold CheckpointManager load")
     args = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="threefs-bench-ckpt-", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
-    try:
-        with local_cluster(tmp, args.storage, args.replicas, fuse=not args.no_fuse) as (cluster, mnt):
-            print(f"cluster: {args.storage} storage services, R={args.replicas}; torch {torch.__version__}, "
-                  f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
-            with Client.connect(str(cluster.client_config_path)) as fs:
-                for gib in args.gib:
-                    run_size(fs, tmp, str(cluster.dir), gib, args.rounds, mnt)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    words = [w for w in args.methods.split(",") if w] or None
+    for engine in args.engines.split(","):
+        if engine:
+            os.environ["THREEFS_CHUNK_ENGINE"] = engine  # the storage processes inherit it (new targets)
+        tmp = tempfile.mkdtemp(prefix="threefs-bench-ckpt-", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
+        try:
+            with local_cluster(tmp, args.storage, args.replicas, fuse=not args.no_fuse) as (cluster, mnt):
+                print(f"\n### chunk engine {engine or 'default'}: cluster: {args.storage} storage services, "
+                      f"R={args.replicas}; torch {torch.__version__}, {os.cpu_count()} CPUs; load average "
+                      f"{os.getloadavg()[0]:.1f}")
+                pids = {n: p for n, p in cluster.running().items() if n.startswith("storage")}
+                with Client.connect(str(cluster.client_config_path)) as fs:
+                    for gib in args.gib:
+                        prof = os.path.join(args.profile, f"{engine or 'default'}-{gib}") if args.profile else None
+                        run_size(fs, tmp, str(cluster.dir), gib, args.rounds, mnt, words, prof, pids)
+                print(f"load average after: {os.getloadavg()[0]:.1f}")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -19,23 +19,25 @@ from threefs.common.ids import chunk_id
 from threefs.common.layout import chain_of_chunk
 from threefs.rpc.schemas import storage as ss
 from threefs.testing.checks import replica_differences
+from threefs.testing.chunk_files import chunk_replicas
 
 ROUNDS = 3  # one per replica
 
 
-def chunk_files(cluster, inode: int, index: int) -> list[Path]:
-    """The chunk's committed file on each replica (one per storage service), by service."""
-    name = chunk_id(inode, index).hex()
-    files = sorted(Path(cluster.dir, "data").glob(f"storage-*/target-*/data/*/{name}.*"))
-    assert len(files) == 3, files
-    return files
+def chunk_files(cluster, inode: int, index: int) -> list[tuple[Path, int]]:
+    """Where the chunk's committed bytes are on each replica (file, offset of byte 0), by service
+    (either chunk engine: testing/chunk_files.py)."""
+    found = chunk_replicas(Path(cluster.dir, "data"), chunk_id(inode, index))
+    assert len(found) == 3, found
+    return found
 
 
-def flip(path: Path, offset: int) -> None:
+def flip(where: tuple[Path, int], offset: int) -> None:
+    path, base = where
     with open(path, "r+b") as f:
-        f.seek(offset)
+        f.seek(base + offset)
         byte = f.read(1)
-        f.seek(offset)
+        f.seek(base + offset)
         f.write(bytes([byte[0] ^ 0x10]))
 
 

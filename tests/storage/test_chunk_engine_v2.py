@@ -252,7 +252,9 @@ from threefs.storage.chunk_engine_v2 import ChunkEngineV2
 target, ack_path, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 CHUNK = 64 * 1024
 rng = random.Random(seed)
-eng = ChunkEngineV2(target, files_per_class=2)
+from threefs.storage import chunk_engine_v2
+chunk_engine_v2.JOURNAL_FLUSH_RECORDS = int(os.environ.get("CHILD_FLUSH_RECORDS", "4096"))
+eng = ChunkEngineV2(target, files_per_class=2, fsync=os.environ.get("CHILD_FSYNC") == "1")
 ack = os.open(ack_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 ids = [bytes(15) + bytes([i]) for i in range(6)]
 print("ready", flush=True)
@@ -335,9 +337,9 @@ def state_of(meta) -> str:
 
 
 def run_and_kill(script: Path, args: list[str], rng: random.Random, wait_ready: bool, may_finish: bool = False,
-                 wait_s: float = 0.25) -> None:
+                 wait_s: float = 0.25, env: dict | None = None) -> None:
     """Start the child, kill -9 it at a random instant; `may_finish`: it may be done (exit 0) by then."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     child = subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
     try:
@@ -355,13 +357,18 @@ def run_and_kill(script: Path, args: list[str], rng: random.Random, wait_ready: 
         child.stderr.close()
 
 
-def test_kill_9_at_random_points_keeps_every_acknowledged_commit(tmp_path):
+@pytest.mark.parametrize("child_env", [{}, {"CHILD_FLUSH_RECORDS": "8", "CHILD_FSYNC": "1"}],
+                         ids=["journal-default", "journal-flushed-every-8-records-fsync"])
+def test_kill_9_at_random_points_keeps_every_acknowledged_commit(tmp_path, child_env):
+    """Kills land in writes, commits, folds, compactions, start-up replays and (second case, where the
+    journal is flushed into SQLite every 8 records, with fsync and group commit) journal flushes."""
     root, ack_path = tmp_path / "target", tmp_path / "acks.log"
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    rng = random.Random(int(os.environ.get("THREEFS_ENGINE_KILL_SEED", "2026")))
+    rng = random.Random(int(os.environ.get("THREEFS_ENGINE_KILL_SEED", "2026")) + len(child_env))
     for round_ in range(KILLS):
-        run_and_kill(script, [str(root), str(ack_path), str(rng.randrange(1 << 30))], rng, round_ % 5 != 4)
+        run_and_kill(script, [str(root), str(ack_path), str(rng.randrange(1 << 30))], rng, round_ % 5 != 4,
+                     env=child_env)
         allowed = expected_states(ack_path.read_text())
         with ChunkEngineV2(str(root)) as e:
             for i, states in allowed.items():

@@ -42,7 +42,9 @@ import heapq
 import logging
 import os
 import sqlite3
+import struct
 import threading
+import time
 from contextlib import contextmanager
 
 import crc32c
@@ -71,10 +73,17 @@ GROUP_BLOCKS = 256
 FILES_PER_CLASS_DEFAULT = 16
 GROUP_FALLOCATE_MAX = 64 * MiB  # bigger groups are fallocated one block at a time
 IO_PIECE = 4 * MiB  # bounds buffers of copies, verify and migration
+JOURNAL_FLUSH_RECORDS = 4096  # the journal is flushed into SQLite (one transaction) past this many records
+JOURNAL_FLUSH_BYTES = 2 * MiB  # ... or bytes (it is replayed at start-up: this bounds that time)
+_JHEAD = struct.Struct("<II")  # journal record: payload length, CRC32C of the payload
 CACHE_MAX = 1 << 18  # chunk states kept in memory (write-through; cleared when full)
 METADATA_HEADROOM = 4 * MiB  # data may not take the last bytes: commits and removals must still fit
+FREE_RECHECK_BYTES = 256 * MiB  # statvfs before each fallocate only this close to the headroom ...
+FREE_RECHECK_S = 1.0  # ... or when the last answer is older than this
 _ZEROS = memoryview(bytes(1 * MiB))
 _FULL = (1 << GROUP_BLOCKS) - 1
+_BLOCK_MASK = (1 << 40) - 1
+_MISSING = object()
 
 
 def block_size(cls: int) -> int:
@@ -208,6 +217,50 @@ def _os_error(exc: OSError, message: str) -> ThreeFSError:
     return status_error(StatusCode.IO_ERROR, f"{message}: {exc.strerror or exc}")
 
 
+def read_journal(path: str) -> tuple[list, int]:
+    """The whole records of a journal file ([seq, chunk id, row or None], in order) and the byte offset
+    where they end (a torn or damaged record ends the journal)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return [], 0
+    out, at, view = [], 0, memoryview(data)
+    while at + _JHEAD.size <= len(data):
+        length, crc = _JHEAD.unpack_from(data, at)
+        payload = view[at + _JHEAD.size: at + _JHEAD.size + length]
+        if len(payload) != length or crc32c.crc32c(payload) != crc:
+            break
+        try:
+            out.append(msgspec.msgpack.decode(payload))
+        except msgspec.DecodeError:
+            break
+        at += _JHEAD.size + length
+    return out, at
+
+
+def committed_position(target: str, chunk_id: bytes) -> tuple[int, int] | None:
+    """(block position, committed length) of a chunk's committed bytes, read from outside the engine
+    (tests that damage bytes on purpose, while the storage service runs): the journal first, then SQLite
+    read-only; a journal record newer than SQLite's applied_seq wins (this order is right whatever
+    flushes run between the two reads). None: no committed bytes."""
+    records, _ = read_journal(os.path.join(target, "journal"))
+    db = sqlite3.connect(f"file:{os.path.join(target, 'meta.sqlite')}?mode=ro", uri=True, timeout=10)
+    try:
+        applied = db.execute("SELECT value FROM info WHERE key = 'applied_seq'").fetchone()
+        row = db.execute(f"SELECT {_COLUMNS} FROM chunks WHERE id = ?", (chunk_id,)).fetchone()
+    finally:
+        db.close()
+    applied = int(applied[0]) if applied else 0
+    st = None if row is None else row_to_state(row)
+    for seq, cid, jrow in records:
+        if seq > applied and cid == chunk_id:
+            st = None if jrow is None else row_to_state(jrow)
+    if st is None or not st.commit_ver or st.pos is None:
+        return None
+    return st.pos, st.length
+
+
 class _Reader:
     """Epochs of in-flight reads: a block freed at epoch E is reused only when no read that started at
     an epoch <= E still runs (it may have looked the block up before the free)."""
@@ -244,7 +297,9 @@ def _chunk_op(fn):
                 self._moved.wait()
             self._busy[chunk_id] = self._busy.get(chunk_id, 0) + 1
         try:
-            return fn(self, chunk_id, *args, **kwargs)
+            result = fn(self, chunk_id, *args, **kwargs)
+            self._durable()  # fsync: the journal on disk up to this update's records (group commit)
+            return result
         finally:
             with self._lock:
                 n = self._busy.pop(chunk_id) - 1
@@ -312,17 +367,59 @@ class ChunkEngineV2:
             raise status_error(StatusCode.IO_ERROR, f"target {self.path}: unknown v2 format {info['format']}")
         self.files_per_class = int(info["files_per_class"])
         self._batch = 0
-        self._cache: dict[bytes, State | None] = {}
-        self._dirty: dict[bytes, tuple[State, State]] = {}  # (persisted, in memory): folds not yet persisted
+        self._cache: dict[bytes, State | None] = {}  # states as SQLite holds them
+        self._metas: dict[bytes, tuple[State, ChunkMeta]] = {}  # ChunkMeta of a state (reads answer it)
+        self._dirty: dict[bytes, tuple[State | None, State | None]] = {}  # (in SQLite, now): journaled only
+        self._touched: set[int] = set()  # groups whose bitmap changed since the last flush
         self._reader = _Reader()
-        self._limbo: list[tuple[int, list[int]]] = []  # (epoch freed, blocks)
+        self._limbo: list[tuple[int, int, list[int]]] = []  # (epoch freed, journal seq of the free, blocks)
+        self._sync_lock = threading.Lock()
+        self._count_unsaved = "chunk_count" not in info  # a target written before the count was kept
+        self._seq = self._applied_seq = int(info.get("applied_seq", 0))
+        self._synced_seq = self._seq
+        self._journal_records = self._journal_bytes = 0
+        self._journal_fd = None
+        self._replaying = False
+        self._free_known = (0, 0.0)  # (free bytes of the file system, when statvfs said so) minus fallocations
+        # the chunk count is kept in `info` by every flush (opening a big target must not scan it)
+        self._count = int(info["chunk_count"]) if "chunk_count" in info else \
+            db.execute("SELECT count(*) FROM chunks").fetchone()[0]
         self._load_groups()
-        self._count = db.execute("SELECT count(*) FROM chunks").fetchone()[0]
+        self._replay_journal()
         self._closed = False
         self._redo_folds()
 
+    def _replay_journal(self) -> None:
+        """Apply the journal's records newer than SQLite's `applied_seq` (a torn last record, from a crash
+        in the middle of its write, ends the journal), flush them into SQLite, empty the journal."""
+        path = os.path.join(self.path, "journal")
+        self._journal_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        records, good = read_journal(path)
+        if good < os.fstat(self._journal_fd).st_size:
+            log.warning("target %s: journal ends in a torn record at byte %d (a crash while it was written); "
+                        "it is dropped (that update had not returned)", self.path, good)
+        replayed = 0
+        self._replaying = True
+        try:
+            for seq, chunk_id, row in records:
+                if seq <= self._applied_seq:
+                    continue
+                self._seq = max(self._seq, seq)
+                self._apply(chunk_id, self._get(chunk_id), None if row is None else row_to_state(row))
+                replayed += 1
+        finally:
+            self._replaying = False
+        self._synced_seq = self._seq
+        if replayed:
+            log.info("target %s: replayed %d journal records", self.path, replayed)
+        self._flush()
+        os.ftruncate(self._journal_fd, 0)
+        self._journal_records = self._journal_bytes = 0
+        if replayed:
+            self._load_groups()  # the allocator's view from the bitmaps just written
+
     def _load_groups(self) -> None:
-        self._db_bits: dict[int, int] = {}  # gid -> bitmap as persisted
+        self._db_bits: dict[int, int] = {}  # gid -> bitmap of blocks that chunk states own (SQLite + journal)
         self._mem_bits: dict[int, int] = {}  # + blocks being written, freed blocks readers may still use
         self._ready: set[int] = set()  # groups known fallocated (classes fallocated a group at a time)
         self._ready_blocks: dict[int, int] = {}  # gid -> bitmap of blocks known fallocated (bigger classes)
@@ -358,7 +455,7 @@ class ChunkEngineV2:
         if rows:
             log.info("target %s: folded %d overlays of commits a crash interrupted", self.path, len(rows))
             with self._lock:
-                self._write_txn({})
+                self._flush()
 
     def _fd(self, cls: int, file: int) -> int:
         fd = self._fds.get((cls, file))
@@ -371,23 +468,27 @@ class ChunkEngineV2:
     def _close_files(self) -> None:
         for fd in getattr(self, "_fds", {}).values():
             os.close(fd)
+        if getattr(self, "_journal_fd", None) is not None:
+            os.close(self._journal_fd)
+            self._journal_fd = None
         if getattr(self, "_db", None) is not None:
             self._db.close()
 
     def close(self) -> None:
         """Persist deferred metadata, close the files and unlock the target. Idempotent."""
         with self._lock:
-            if self._closed:
+            if self._lock_fd is None:
                 return
-            try:
-                if self._dirty:
-                    self._write_txn({})
-            except ThreeFSError as exc:
-                log.warning("target %s: deferred metadata not persisted at close (start-up redoes it): %s",
-                            self.path, exc)
+            if not self._closed:  # (closed but not released: a failed batch; its memory is not persisted)
+                try:
+                    self._flush()
+                except ThreeFSError as exc:
+                    log.warning("target %s: journal not flushed into SQLite at close (start-up replays it): %s",
+                                self.path, exc)
             self._closed = True
+            lock_fd, self._lock_fd = self._lock_fd, None
         self._close_files()
-        os.close(self._lock_fd)
+        os.close(lock_fd)
 
     def __enter__(self):
         return self
@@ -416,101 +517,146 @@ class ChunkEngineV2:
         self._cache[chunk_id] = st
         return st
 
-    def _write_txn(self, changes: dict[bytes, tuple[State | None, State | None]]) -> None:
-        """Persist new states (old -> new per chunk) with the bitmap changes their blocks imply, plus
-        deferred folds, in one SQLite transaction (caller holds the lock). On failure nothing changes."""
-        for chunk_id, (persisted, mem) in self._dirty.items():
-            if chunk_id in changes:
-                changes[chunk_id] = (persisted, changes[chunk_id][1])
-            else:
-                changes[chunk_id] = (persisted, mem)
-        taken, freed = [], []
-        for old, new in changes.values():
-            before, after = blocks_of(old), blocks_of(new)
-            taken.extend(after - before)
-            freed.extend(before - after)
-        bits = {}
-        for pos in taken:
+    def _apply(self, chunk_id: bytes, old: State | None, new: State | None) -> None:
+        """Make `new` the chunk's state (caller holds the lock): the journal record first (one append;
+        this is the update's durability point), then memory. Blocks the old state owned and the new one
+        does not are freed once no read can still use them. Raises (nothing changed) if the append fails."""
+        if not self._batch and not self._replaying:
+            self._journal(chunk_id, new)
+        before, after = blocks_of(old), blocks_of(new)
+        bits = self._db_bits
+        for pos in after - before:
             gid = pos >> 8
-            bits[gid] = bits.get(gid, self._db_bits.get(gid, 0)) | (1 << (pos & 0xFF))
+            bits[gid] = bits.get(gid, 0) | (1 << (pos & 0xFF))
+            self._touched.add(gid)
+        freed = before - after
         for pos in freed:
             gid = pos >> 8
-            bits[gid] = bits.get(gid, self._db_bits.get(gid, 0)) & ~(1 << (pos & 0xFF))
+            bits[gid] = bits.get(gid, 0) & ~(1 << (pos & 0xFF))
+            self._touched.add(gid)
+        entry = self._dirty.get(chunk_id)
+        self._dirty[chunk_id] = (entry[0] if entry is not None else old, new)
+        self._count += (new is not None) - (old is not None)
+        if freed and not self._replaying:
+            self._limbo.append((self._reader.epoch, self._seq, list(freed)))
+            self._reader.epoch += 1
+            self._release_limbo()
+
+    def _journal(self, chunk_id: bytes, new: State | None) -> None:
+        seq = self._seq + 1
+        payload = msgspec.msgpack.encode((seq, chunk_id, None if new is None else state_to_row(chunk_id, new)))
+        record = _JHEAD.pack(len(payload), crc32c.crc32c(payload)) + payload
+        try:
+            written = os.write(self._journal_fd, record)
+        except OSError as exc:
+            raise _os_error(exc, f"target {self.path}: metadata journal append failed") from exc
+        if written != len(record):  # a full disk: cut the partial record so that the journal stays whole
+            os.ftruncate(self._journal_fd, os.fstat(self._journal_fd).st_size - written)
+            raise status_error(StatusCode.NO_SPACE, f"target {self.path} is full: metadata journal append failed")
+        self._seq = seq
+        self._journal_records += 1
+        self._journal_bytes += len(record)
+
+    def _set(self, chunk_id: bytes, old: State | None, new: State | None) -> None:
+        """A state change (caller holds the lock); flushes the journal into SQLite when it is long."""
+        self._apply(chunk_id, old, new)
+        if not self._batch and (self._journal_records >= JOURNAL_FLUSH_RECORDS
+                                or self._journal_bytes >= JOURNAL_FLUSH_BYTES):
+            try:
+                self._flush()
+            except ThreeFSError as exc:  # the journal holds it all; a later flush retries
+                log.warning("target %s: journal flush into SQLite failed (retried later): %s", self.path, exc)
+
+    def _durable(self) -> None:
+        """With fsync, the journal on disk up to the caller's record (group commit: one fdatasync covers
+        every record appended before it started). Caller does not hold the lock."""
+        if not self._fsync:
+            return
+        mine = self._seq
+        with self._sync_lock:
+            if self._synced_seq >= mine:
+                return
+            upto = self._seq
+            try:
+                os.fdatasync(self._journal_fd)
+            except OSError as exc:
+                raise _os_error(exc, f"target {self.path}: metadata journal sync failed") from exc
+            self._synced_seq = max(self._synced_seq, upto)
+        with self._lock:
+            self._release_limbo()
+
+    def _flush(self) -> None:
+        """Write every journaled state into SQLite in one transaction, then empty the journal (caller
+        holds the lock). On failure SQLite is unchanged and the journal still holds everything."""
+        if not self._dirty and not self._touched and not self._count_unsaved:
+            return
         db = self._db
         try:
-            if not self._batch:
-                db.execute("BEGIN")
-            puts = [state_to_row(c, new) for c, (_, new) in changes.items() if new is not None]
+            db.execute("BEGIN")
+            puts = [state_to_row(c, new) for c, (_, new) in self._dirty.items() if new is not None]
             if puts:
                 db.executemany(_UPSERT, puts)
-            dels = [(c,) for c, (old, new) in changes.items() if new is None and old is not None]
+            dels = [(c,) for c, (old, new) in self._dirty.items() if new is None and old is not None]
             if dels:
                 db.executemany("DELETE FROM chunks WHERE id = ?", dels)
-            if bits:
+            if self._touched:
                 db.executemany("INSERT OR REPLACE INTO groups VALUES (?, ?)",
-                               [(gid, b.to_bytes(32, "little")) for gid, b in bits.items()])
-            if not self._batch:
-                db.execute("COMMIT")
+                               [(gid, self._db_bits.get(gid, 0).to_bytes(32, "little")) for gid in self._touched])
+            db.execute("INSERT OR REPLACE INTO info VALUES ('applied_seq', ?)", (self._seq,))
+            db.execute("INSERT OR REPLACE INTO info VALUES ('chunk_count', ?)", (self._count,))
+            db.execute("COMMIT")
         except sqlite3.Error as exc:
             try:
                 db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
-            if self._batch:
-                self._batch_failed = True
-            for c in changes:
-                self._cache.pop(c, None)
             raise _sql_error(exc, self.path) from exc
-        self._dirty.clear()
-        self._db_bits.update(bits)
-        for c, (old, new) in changes.items():
-            self._count += (new is not None) - (old is not None)
-            if len(self._cache) >= CACHE_MAX:
-                self._cache.clear()
+        self._applied_seq = self._seq
+        self._count_unsaved = False
+        if len(self._cache) + len(self._dirty) >= CACHE_MAX:
+            self._cache.clear()
+        for c, (_, new) in self._dirty.items():
             self._cache[c] = new
-        if freed:
-            self._limbo.append((self._reader.epoch, freed))
-            self._reader.epoch += 1
-        self._release_limbo()
-
-    def _set(self, chunk_id: bytes, old: State | None, new: State | None) -> None:
-        self._write_txn({chunk_id: (old, new)})
+        self._dirty.clear()
+        self._touched.clear()
+        if not self._replaying and self._journal_fd is not None:
+            os.ftruncate(self._journal_fd, 0)  # records up to applied_seq are skipped if this is lost
+            self._journal_records = self._journal_bytes = 0
+            self._synced_seq = max(self._synced_seq, self._applied_seq)  # SQLite synced them (FULL)
 
     @contextmanager
     def batch(self):
-        """Group every metadata change inside into one SQLite transaction (bulk loads, migration).
-        A failure inside rolls all of them back: the engine must then be closed and reopened."""
+        """Group every metadata change inside into one SQLite transaction, without journal records (bulk
+        loads, migration). A kill inside loses all of them (their blocks are in no persisted bitmap). A
+        failure inside leaves memory ahead of the store: the engine must then be closed and reopened."""
         with self._lock:
             self._check_open()
-            self._db.execute("BEGIN")
+            self._flush()
             self._batch += 1
-            self._batch_failed = False
         try:
             yield self
         except BaseException:
             with self._lock:
                 self._batch = 0
-                try:
-                    self._db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
                 self._closed = True  # in-memory state no longer matches: reopen
             raise
         with self._lock:
             self._batch = 0
             try:
-                self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
+                self._flush()
+            except ThreeFSError:
                 self._closed = True
-                raise _sql_error(exc, self.path) from exc
+                raise
 
     # -- allocator -------------------------------------------------------------------------------
     def _release_limbo(self) -> None:
         oldest = self._reader.oldest()
         keep = []
-        for epoch, blocks in self._limbo:
-            if oldest is not None and epoch >= oldest:
-                keep.append((epoch, blocks))
+        for epoch, seq, blocks in self._limbo:
+            # a read that may have looked the block up still runs, or (fsync) the free is not on disk yet:
+            # a power loss would bring back the old owner, whose bytes the next writer would have replaced
+            if (oldest is not None and epoch >= oldest) or (self._fsync and seq > self._synced_seq):
+                keep.append((epoch, seq, blocks))
                 continue
             for pos in blocks:
                 self._unmark(pos)
@@ -577,8 +723,7 @@ class ChunkEngineV2:
         else:
             start, length = pos_block(pos) * bs, bs
         try:
-            vfs = os.statvfs(self._block_dir)
-            if vfs.f_bavail * vfs.f_frsize < length + METADATA_HEADROOM:
+            if not self._room_for(length):
                 raise OSError(errno.ENOSPC, f"{length} bytes for data would leave less than {METADATA_HEADROOM} "
                               "bytes for the metadata store")
             os.posix_fallocate(fd, start, length)
@@ -592,6 +737,22 @@ class ChunkEngineV2:
                 self._ready_blocks[gid] = self._ready_blocks.get(gid, 0) | (1 << (pos & 0xFF))
             else:
                 self._ready.add(gid)
+
+    def _room_for(self, length: int) -> bool:
+        """Does the file system keep METADATA_HEADROOM after `length` more bytes? statvfs is asked again
+        only within FREE_RECHECK_BYTES of the limit or after FREE_RECHECK_S (a sequential write of 1 MiB
+        chunks fallocates each block: this keeps a statvfs out of most of them)."""
+        now = time.monotonic()
+        with self._lock:
+            known, at = self._free_known
+            if known - length > METADATA_HEADROOM + FREE_RECHECK_BYTES and now - at < FREE_RECHECK_S:
+                self._free_known = (known - length, at)
+                return True
+        vfs = os.statvfs(self._block_dir)
+        free = vfs.f_bavail * vfs.f_frsize
+        with self._lock:
+            self._free_known = (free - length, now)
+        return free >= length + METADATA_HEADROOM
 
     def _unalloc(self, blocks) -> None:
         """Give back blocks taken by a write that failed (never persisted, never seen by readers)."""
@@ -677,7 +838,7 @@ class ChunkEngineV2:
         with self._lock:
             self._check_open()
             st = self._get(chunk_id)
-        return None if st is None else make_meta(chunk_id, st)
+            return None if st is None else self._meta_of(chunk_id, st)
 
     def iter_metas(self, begin: bytes = b"", end: bytes | None = None, *, reverse: bool = False,
                    limit: int = 0) -> list[ChunkMeta]:
@@ -694,6 +855,7 @@ class ChunkEngineV2:
             args.append(limit)
         with self._lock:
             self._check_open()
+            self._flush()  # range queries read SQLite
             rows = self._db.execute(sql, args).fetchall()
         return [make_meta(row[0], row_to_state(row)) for row in rows]
 
@@ -727,40 +889,76 @@ class ChunkEngineV2:
     def read(self, chunk_id: bytes, offset: int, length: int, out: memoryview | None = None, *,
              pending: bool = False, nowait: bool = False) -> tuple[memoryview | bytes, ChunkMeta]:
         """As ChunkEngine.read: one preadv into `out` for a chunk without an overlay."""
-        _check_chunk_id(chunk_id)
-        view = None if out is None else _as_byte_view(out)
+        if type(chunk_id) is not bytes or len(chunk_id) != 16:
+            _check_chunk_id(chunk_id)
+        if out is None:
+            view = None
+        elif type(out) is memoryview and out.format == "B" and out.ndim == 1:
+            view = out
+        else:
+            view = _as_byte_view(out)
         if offset < 0 or length < 0 or (view is not None and (view.readonly or len(view) < length)):
             raise status_error(StatusCode.INVALID_ARGUMENT, f"bad read: offset {offset}, length {length}")
+        reader = self._reader
         with self._lock:
-            self._check_open()
-            st = self._get(chunk_id)
+            if self._closed:
+                self._check_open()
+            entry = self._dirty.get(chunk_id)
+            if entry is not None:
+                st = entry[1]
+            else:
+                st = self._cache.get(chunk_id, _MISSING)
+                if st is _MISSING:
+                    st = self._get(chunk_id)
             if st is None:
                 raise status_error(StatusCode.CHUNK_NOT_FOUND, f"chunk {chunk_id.hex()} not found on {self.path}")
-            if pending and st.p is not None:
-                if st.p.remove:
+            p = st.p
+            if pending and p is not None:
+                if p.remove:
                     raise status_error(StatusCode.CHUNK_NOT_FOUND, f"chunk {chunk_id.hex()} has a pending removal")
-                pos, ov, size = st.p.pos, st.p.ov, st.p.length
+                pos, ov, size = p.pos, p.ov, p.length
             else:
                 pos, ov, size = st.pos, st.ov, st.length
-            count = max(0, min(length, size - offset))
-            epoch = self._reader.enter() if count else None
-        meta = make_meta(chunk_id, st)
-        if count == 0:
+            count = min(length, size - offset)
+            if count > 0:
+                epoch = reader.epoch  # (_Reader.enter, inlined: this is the hot path)
+                reader.active[epoch] = reader.active.get(epoch, 0) + 1
+            meta = self._meta_of(chunk_id, st)
+        if count <= 0:
             return (b"" if view is None else view[:0]), meta
         try:
+            cls = pos >> 56
+            fd = self._fds[(cls, (pos >> 40) & 0xFFFF)]
+            at = (pos & _BLOCK_MASK) * (BLOCK_MIN << cls) + offset
             if view is None and ov is None:
-                fd, base = self._where(pos)
-                data = os.pread(fd, count, base + offset)
+                data = os.pread(fd, count, at)
                 if len(data) != count:
                     raise status_error(StatusCode.IO_ERROR, f"target {self.path}: {pos_str(pos)} is beyond the "
                                        "end of its data file")
                 return data, meta
             target = memoryview(bytearray(count)) if view is None else view[:count]
-            self._read_version(pos, ov, offset, target, os.RWF_NOWAIT if nowait and view is not None else 0)
+            flags = os.RWF_NOWAIT if nowait and view is not None else 0
+            if ov is not None or os.preadv(fd, (target,), at, flags) != count:
+                self._read_version(pos, ov, offset, target, flags)  # an overlay, or a short read
         finally:
             with self._lock:
-                self._reader.leave(epoch)
+                n = reader.active[epoch] - 1
+                if n:
+                    reader.active[epoch] = n
+                else:
+                    del reader.active[epoch]
         return (bytes(target) if view is None else target), meta
+
+    def _meta_of(self, chunk_id: bytes, st: State) -> ChunkMeta:
+        """make_meta, remembered per state (caller holds the lock; states are immutable)."""
+        hit = self._metas.get(chunk_id)
+        if hit is not None and hit[0] is st:
+            return hit[1]
+        meta = make_meta(chunk_id, st)
+        if len(self._metas) >= CACHE_MAX:
+            self._metas.clear()
+        self._metas[chunk_id] = (st, meta)
+        return meta
 
     def verify(self, chunk_id: bytes) -> bool:
         """Re-read the committed bytes and check them against the stored CRC32C."""
@@ -994,8 +1192,12 @@ class ChunkEngineV2:
         folded = msgspec.structs.replace(st, ov=None)
         with self._lock:
             if self._get(chunk_id) == st:
-                persisted = self._dirty[chunk_id][0] if chunk_id in self._dirty else st
-                self._dirty[chunk_id] = (persisted, folded)
+                try:
+                    self._set(chunk_id, st, folded)
+                except ThreeFSError as exc:
+                    log.warning("target %s: chunk %s: fold not recorded (reads keep its overlay): %s", self.path,
+                                chunk_id.hex(), exc)
+                    return st
         return folded
 
     def _commit_mismatch(self, chunk_id: bytes, update_ver: int, st: State | None) -> ChunkMeta | None:
@@ -1045,6 +1247,7 @@ class ChunkEngineV2:
             sources = {gid for gid, bits in self._mem_bits.items() if 0 < bits.bit_count() <= limit}
             if not sources:
                 return 0, 0
+            self._flush()
             rows = self._db.execute("SELECT id, pos, length FROM chunks WHERE p_update_ver IS NULL AND "
                                     "ov_pos IS NULL AND pos IS NOT NULL").fetchall()
         todo = sorted(((pos, cid, length) for cid, pos, length in rows if pos >> 8 in sources), reverse=True)
@@ -1091,12 +1294,14 @@ class ChunkEngineV2:
                 with self._lock:
                     self._moving.discard(chunk_id)
                     self._moved.notify_all()
+        self._durable()
         return moved, moved_bytes
 
     def _punch_empty(self) -> dict:
         punched = 0
         with self._lock:
             self._check_open()
+            self._flush()
             self._release_limbo()
             before = sum(os.fstat(fd).st_blocks for fd in self._fds.values()) * 512
             for (cls, file), n in list(self._groups_per_file.items()):

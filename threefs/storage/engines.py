@@ -2,8 +2,8 @@
 
 kind is "v1" (threefs/storage/chunk_engine.py: a file per chunk version + a metadata log), "v2"
 (threefs/storage/chunk_engine_v2.py: size-classed blocks + SQLite), or "" for the default: the
-environment variable THREEFS_CHUNK_ENGINE if set, else DEFAULT_ENGINE. A target keeps the engine that wrote
-it unless asked otherwise: "v2" on a v1 target migrates it in place (resumable); "v1" on a v2 target is
+environment variable THREEFS_CHUNK_ENGINE if set, else DEFAULT_ENGINE (v2: new targets get v2; an existing v1
+target keeps opening as v1 until it is migrated). A target keeps the engine that wrote it unless asked otherwise: "v2" on a v1 target migrates it in place (resumable); "v1" on a v2 target is
 refused with a message (there is no way back); "" on an existing target uses the engine that wrote it.
 """
 
@@ -13,7 +13,7 @@ import os
 
 from threefs.common.status import StatusCode, status_error
 
-DEFAULT_ENGINE = "v1"
+DEFAULT_ENGINE = "v2"
 KINDS = ("v1", "v2")
 
 

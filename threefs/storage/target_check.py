@@ -105,6 +105,10 @@ def check_target(path: str, *, checksums: bool = True) -> CheckReport:
                     report.bytes_checked += length
                     if got != crc:
                         bad.append(f"{name} {label}: checksum mismatch: data has {got:08x}, metadata {crc:08x}")
+        kept = eng._db.execute("SELECT value FROM info WHERE key = 'chunk_count'").fetchone()
+        if kept is not None and int(kept[0]) != report.chunks:
+            bad.append(f"the chunk count kept in the metadata ({kept[0]}) differs from the chunks stored "
+                       f"({report.chunks})")
         report.blocks_owned = len(owners)
         marked = set()
         for gid, bits in eng._db_bits.items():

@@ -2,29 +2,24 @@
 
 Works on both chunk engines while the storage services run: v1 keeps one file per chunk version
 (data/<xx>/<id>.<gen>, bytes from offset 0); v2 keeps blocks in shared data files, found through its
-SQLite metadata opened read-only (blocks/c<kk>.<fff> at block * block size).
+SQLite metadata opened read-only plus its journal (blocks/c<kk>.<fff> at block * block size).
 """
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 
 def chunk_replicas(data_dir: str | Path, chunk_id: bytes) -> list[tuple[Path, int]]:
     """(file, offset of byte 0 of the committed chunk) on every target under data_dir holding it."""
-    from threefs.storage.chunk_engine_v2 import block_size, pos_block, pos_class, pos_file
+    from threefs.storage.chunk_engine_v2 import block_size, committed_position, pos_block, pos_class, pos_file
 
     out = []
     for target in sorted(Path(data_dir).glob("storage-*/target-*")):
         if (target / "meta.sqlite").exists():
-            db = sqlite3.connect(f"file:{target / 'meta.sqlite'}?mode=ro", uri=True, timeout=10)
-            try:
-                row = db.execute("SELECT pos FROM chunks WHERE id = ? AND commit_ver > 0", (chunk_id,)).fetchone()
-            finally:
-                db.close()
-            if row is not None and row[0] is not None:
-                pos = row[0]
+            found = committed_position(str(target), chunk_id)  # SQLite plus its journal
+            if found is not None:
+                pos = found[0]
                 path = target / "blocks" / f"c{pos_class(pos):02d}.{pos_file(pos):03d}"
                 out.append((path, pos_block(pos) * block_size(pos_class(pos))))
         else:
