@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import socket
+import struct
 from concurrent.futures import ThreadPoolExecutor
 
 import crc32c
@@ -88,6 +89,36 @@ def check_read_ios(ios: list[ss.ReadIO]) -> None:
     if total > limits.FRAME_PAYLOAD_BYTES_MAX:
         raise status_error(StatusCode.INVALID_ARGUMENT, f"batch read of {len(ios)} IOs asks for {total} "
                            f"bytes, over the {limits.FRAME_PAYLOAD_BYTES_MAX} one response carries; split it")
+
+
+_RESULT = struct.Struct(ss.READ_RESULT_FORMAT)
+_IO = struct.Struct(ss.READ_IO_FORMAT)
+
+
+def unpack_read_ios(packed: bytes) -> list[tuple[int, int, bytes, int, int]]:
+    """(chain_id, target_id, chunk_id, offset, length) per IO record of a PackedReadReq."""
+    if len(packed) % ss.READ_IO_BYTES:
+        raise status_error(StatusCode.INVALID_ARGUMENT, f"packed read of {len(packed)} bytes is not a whole "
+                           f"number of {ss.READ_IO_BYTES}-byte IO records")
+    return list(_IO.iter_unpack(packed))
+
+
+def check_packed_ios(ios: list) -> list[int]:
+    """check_read_ios for packed IOs; returns each IO's slot end in the payload (see PackedReadRsp)."""
+    from threefs.common import limits
+
+    ends, total = [], 0
+    for _, _, chunk_id, offset, length in ios:
+        if length > limits.CHUNK_SIZE_BYTES_MAX or offset > limits.CHUNK_SIZE_BYTES_MAX:
+            raise status_error(StatusCode.INVALID_ARGUMENT, f"read of chunk {chunk_id.hex()}: offset "
+                               f"{offset} / length {length} out of range (length <= "
+                               f"{limits.CHUNK_SIZE_BYTES_MAX})")
+        total += align_up(length)
+        ends.append(total)
+    if total > limits.FRAME_PAYLOAD_BYTES_MAX:
+        raise status_error(StatusCode.INVALID_ARGUMENT, f"batch read of {len(ios)} IOs asks for {total} "
+                           f"bytes, over the {limits.FRAME_PAYLOAD_BYTES_MAX} one response carries; split it")
+    return ends
 
 
 def fs_space(path: str) -> tuple[int, str]:
@@ -313,6 +344,77 @@ class StorageService:
             if res.status == StatusCode.CHECKSUM_MISMATCH and self.scrubber is not None:
                 self._background(self.scrubber.report(io.target_id, io.chunk_id, "read"))
         return ss.BatchReadRsp(results), lease
+
+    @rpc(ss.PackedReadReq)
+    async def read_packed(self, ctx: CallContext, req: ss.PackedReadReq):
+        """storage.read_packed: a batch of IOs as packed records (see PackedReadReq), served in one pass:
+        page-cache hits inline, the misses in one hop to the disk threads."""
+        self.fence.check()
+        ios = unpack_read_ios(req.ios)
+        slots = check_packed_ios(ios)
+        routing = await self.mgmtd.get()
+        for io in ios:
+            target = routing.info.targets.get(io[1])
+            if io[1] in self.engines and (target is None or target.public_state != ms.SERVING
+                                          or target.admin_offline):
+                routing = await self.mgmtd.refresh()  # maybe we are behind; then judge again
+                break
+        lease = ctx.conn.server.pool.acquire(slots[-1] if slots else 0)
+        results = bytearray(len(ios) * ss.READ_RESULT_BYTES)
+        messages: dict[int, str] = {}
+        try:
+            blocked = self._read_packed(ios, range(len(ios)), slots, routing, req.allow_uncommitted, lease.view,
+                                        results, messages, True)
+            if blocked:
+                await self.disk(self._read_packed, ios, blocked, slots, routing, req.allow_uncommitted, lease.view,
+                                results, messages, False)
+        except BaseException:
+            lease.release()
+            raise
+        used = 0
+        for k in range(len(ios) - 1, -1, -1):  # trim the payload after the last byte sent
+            length = _RESULT.unpack_from(results, k * ss.READ_RESULT_BYTES)[1]
+            if length:
+                used = slots[k] - align_up(ios[k][4]) + length
+                break
+        lease.view = lease.view[:used]
+        if req.request_to_send and used:  # receiver-paced: wait for the client's grant (or time out)
+            await ctx.request_to_send(ctx.rid, RTS_TIMEOUT_S)
+        for k in messages:
+            if _RESULT.unpack_from(results, k * ss.READ_RESULT_BYTES)[0] == StatusCode.CHECKSUM_MISMATCH:
+                if self.scrubber is not None:
+                    self._background(self.scrubber.report(ios[k][1], ios[k][2], "read"))
+        return ss.PackedReadRsp(bytes(results), messages), lease
+
+    def _read_packed(self, ios: list, which, slots: list[int], routing: Routing, allow_uncommitted: bool,
+                     out: memoryview, results: bytearray, messages: dict, nowait: bool) -> list[int]:
+        """Serve IOs `which` of a packed batch into their slots of `out`, their results into `results`.
+        With nowait, IOs that would wait for the disk are skipped and returned (the caller sends them to
+        the disk threads in one hop)."""
+        blocked = []
+        engines, targets, node = self.engines, routing.info.targets, self.config.node_id
+        pack = _RESULT.pack_into
+        for k in which:
+            chain_id, target_id, chunk_id, offset, length = io = ios[k]
+            engine = engines.get(target_id)
+            if engine is None:
+                pack(results, k * ss.READ_RESULT_BYTES, int(StatusCode.TARGET_NOT_FOUND), 0, 0, 0, 0)
+                messages[k] = f"target {target_id} is not on node {node}"
+                continue
+            target = targets.get(target_id)
+            start = slots[k] - align_up(length)
+            try:
+                res = self._read_one(engine, ss.ReadIO(*io), target.public_state if target else None,
+                                     allow_uncommitted, out[start:start + length], nowait,
+                                     target is not None and target.admin_offline, self.verified)
+            except BlockingIOError:
+                blocked.append(k)
+                continue
+            pack(results, k * ss.READ_RESULT_BYTES, res.status, res.length, res.commit_ver, res.chunk_crc,
+                 res.data_crc)
+            if res.status:
+                messages[k] = res.message
+        return blocked
 
     def _background(self, coro) -> None:
         """Run a task owned by the service (kept referenced; errors are logged by the task itself)."""
