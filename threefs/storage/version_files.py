@@ -25,6 +25,7 @@ log = logging.getLogger("threefs.storage.chunk_engine")
 
 FANOUT_DIRS = 256
 VERIFY_READ_BYTES = 4 * MiB  # bounds the memory of a checksum pass over 64 MiB chunks
+PATHS_CACHED_MAX = 1 << 16
 FD_CACHE_MAX = 1024  # read-only descriptors kept open per target (LRU)
 
 
@@ -121,12 +122,19 @@ class VersionFiles:
         self.fsync = fsync
         self.data_dir = os.path.join(path, "data")
         self.fds = FdCache()
+        self._paths: dict[tuple[bytes, int], str] = {}
         for i in range(FANOUT_DIRS):
             os.makedirs(os.path.join(self.data_dir, f"{i:02x}"), exist_ok=True)
 
     def file(self, chunk_id: bytes, gen: int) -> str:
-        sub = f"{crc32c.crc32c(chunk_id) & 0xFF:02x}"
-        return os.path.join(self.data_dir, sub, f"{chunk_id.hex()}.{gen:x}")
+        key = (chunk_id, gen)
+        path = self._paths.get(key)
+        if path is None:  # names are built once per version (a read costs a dict lookup)
+            if len(self._paths) >= PATHS_CACHED_MAX:
+                self._paths.clear()
+            sub = f"{crc32c.crc32c(chunk_id) & 0xFF:02x}"
+            path = self._paths[key] = f"{self.data_dir}/{sub}/{chunk_id.hex()}.{gen:x}"
+        return path
 
     def scan(self):
         """(file path, chunk id, generation) of every version file; unknown names are logged and skipped."""
