@@ -51,8 +51,8 @@ class VerifiedChunks:
     """Chunk versions whose bytes this process has read whole and found to match their checksum, so
     later partial reads of them need not read the whole chunk again. What it protects: damage on disk
     (or between the disk and this process) before the first read of a version is never served; damage
-    arriving later in a version already checked is the scrub's to find. Bounded LRU, thread-safe (the
-    read path runs in the loop and in the disk threads)."""
+    arriving later in a version already checked is the scrub's to find. Bounded (oldest checks forgotten
+    first), thread-safe (the read path runs in the loop and in the disk threads)."""
 
     def __init__(self, entries_max: int = VERIFIED_ENTRIES_MAX):
         import collections
@@ -63,11 +63,9 @@ class VerifiedChunks:
         self._max = entries_max
 
     def __contains__(self, key) -> bool:
-        with self._lock:
-            if key in self._seen:
-                self._seen.move_to_end(key)
-                return True
-            return False
+        # no lock and no LRU touch: a dict lookup is atomic, and this runs once per partial read. Eviction
+        # is thus in insertion order: a version checked long ago is checked once more (a whole-chunk read).
+        return key in self._seen
 
     def add(self, key) -> None:
         with self._lock:

@@ -164,8 +164,10 @@ class VersionFiles:
                 if len(data) != count:
                     raise status_error(StatusCode.IO_ERROR, f"data file {path} is shorter than its metadata")
                 return data
-            preadv_exact(fd, view[:count], offset, path, flags)
-            return view[:count]
+            view = view[:count]
+            if os.preadv(fd, [view], offset, flags) != count:  # short (a signal, a cut file): go on
+                preadv_exact(fd, view, offset, path, flags)
+            return view
         finally:
             self.fds.release(entry)
 
