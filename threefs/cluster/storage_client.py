@@ -18,7 +18,7 @@ import numpy as np
 from threefs.cluster.mgmtd_client import MgmtdClient
 from threefs.cluster.routing import Routing, serving_targets, write_targets
 from threefs.common import limits
-from threefs.common.buffers import IO_BUFFER_ALIGN, BufferPool, align_up
+from threefs.common.buffers import IO_BUFFER_ALIGN, BufferPool
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.client import RpcClient
 from threefs.rpc.schemas import storage as ss
