@@ -285,7 +285,15 @@ class AsyncClient:
                                f"batch of {len(requests)} IOs exceeds {limits.BATCH_IOS_MAX}")
         if not requests:
             return []
-        routing = await self.mgmtd.get()
+        batch, rep, sizes, req_errors = self.build_read_batch(await self.mgmtd.get(), requests)
+        await self.storage.read_batch(batch)
+        for k in sorted(batch.errors):  # the first failed IO of a request is its error
+            req_errors.setdefault(int(rep[k]), batch.errors[k])
+        return [req_errors.get(r, size) for r, size in enumerate(sizes)]
+
+    def build_read_batch(self, routing, requests: list[tuple[m.InodeAttr, int, memoryview]]):
+        """(ReadBatch of the requests' chunk IOs, request of each IO, bytes asked per request (clamped to
+        the file length), {request: error} for requests that cannot be read at all). Plain CPU work."""
         files: dict[int, int] = {}  # id(attr) -> file number
         attrs: list[m.InodeAttr] = []
         file_of, offsets, sizes, dests = [], [], [], []
@@ -347,11 +355,7 @@ class AsyncClient:
         ios["chunk"]["index"] = index
         ios["offset"] = begin - chunk_start
         ios["length"] = end - begin
-        batch = ReadBatch(ios, dests, rep.tolist(), (begin - off[rep]).tolist())
-        await self.storage.read_batch(batch)
-        for k in sorted(batch.errors):  # the first failed IO of a request is its error
-            req_errors.setdefault(int(rep[k]), batch.errors[k])
-        return [req_errors.get(r, size) for r, size in enumerate(sizes)]
+        return ReadBatch(ios, dests, rep.tolist(), (begin - off[rep]).tolist()), rep, sizes, req_errors
 
     def _chains_of(self, routing, layout) -> np.ndarray:
         """The chain of each stripe position of a layout (chunk i is on entry i % stripe), cached per routing."""

@@ -105,6 +105,8 @@ class StorageClient:
         self._rr = itertools.count()
         self.pool = BufferPool()  # scatter buffers of multi-IO reads
         self.damaged_reads = 0  # IOs whose bytes failed their checksum on arrival (then read elsewhere)
+        self._replicas_cache: dict[int, list | ThreeFSError] = {}
+        self._replicas_version = -1
 
     def _sem(self, addr: str) -> asyncio.Semaphore:
         sem = self._sems.get(addr)
@@ -261,23 +263,18 @@ class StorageClient:
         per_chain: list[list[tuple[int, int]]] = []  # (target, node index) of each chain's readable replicas
         dead = []
         for u, chain_id in enumerate(chains.tolist()):
-            try:
-                targets = _readable(routing, serving_targets(routing.chain(chain_id)))
-                if not targets:
-                    raise status_error(StatusCode.NO_SERVING_TARGET, f"chain {chain_id} has no SERVING target "
-                                       f"({routing.describe_chain(chain_id)})")
-                replicas = []
-                for t in targets:
-                    addr = _addr_or_none(routing, t)
-                    if addr is not None:
-                        replicas.append((t, addr_index.setdefault(addr, len(addr_index))))
-                        if len(addrs) < len(addr_index):
-                            addrs.append(addr)
-                if not replicas:
-                    routing.target_addr(targets[0])  # raises the reason
-            except ThreeFSError as e:
-                replicas = []
-                dead.append((u, e))
+            found = self._replicas(routing, chain_id)
+            if isinstance(found, ThreeFSError):
+                dead.append((u, found))
+                per_chain.append([])
+                continue
+            replicas = []
+            for t, addr in found:
+                j = addr_index.get(addr)
+                if j is None:
+                    j = addr_index[addr] = len(addrs)
+                    addrs.append(addr)
+                replicas.append((t, j))
             per_chain.append(replicas)
         n_nodes = len(addrs)
         # table[u, j] = the target of chain u on node j (0: none there)
@@ -333,6 +330,26 @@ class StorageClient:
                 for i in range(0, len(part), step):
                     requests.append((addr, idx[part[i:i + step]]))
         return requests
+
+    def _replicas(self, routing: Routing, chain_id: int) -> list[tuple[int, str]] | ThreeFSError:
+        """[(target, service address)] of a chain's readable replicas, or why there is none; cached per
+        routing version (a batch looks its chains up, not its IOs)."""
+        if self._replicas_version != routing.version:
+            self._replicas_cache, self._replicas_version = {}, routing.version
+        found = self._replicas_cache.get(chain_id)
+        if found is None:
+            try:
+                targets = _readable(routing, serving_targets(routing.chain(chain_id)))
+                if not targets:
+                    raise status_error(StatusCode.NO_SERVING_TARGET, f"chain {chain_id} has no SERVING target "
+                                       f"({routing.describe_chain(chain_id)})")
+                found = [(t, a) for t in targets if (a := _addr_or_none(routing, t)) is not None]
+                if not found:
+                    routing.target_addr(targets[0])  # raises the reason
+            except ThreeFSError as e:
+                found = e
+            self._replicas_cache[chain_id] = found
+        return found
 
     async def _read_packed(self, addr: str, batch: "ReadBatch", idx: np.ndarray, allow_uncommitted: bool) -> None:
         ios = batch.ios[idx]
