@@ -26,7 +26,7 @@ log = logging.getLogger("threefs.storage.chunk_engine")
 FANOUT_DIRS = 256
 VERIFY_READ_BYTES = 4 * MiB  # bounds the memory of a checksum pass over 64 MiB chunks
 PATHS_CACHED_MAX = 1 << 16
-FD_CACHE_MAX = 1024  # read-only descriptors kept open per target (LRU)
+FD_CACHE_MAX = 1024  # read-only descriptors kept open per target (LRU; at most 1/8 of RLIMIT_NOFILE)
 
 
 class _Fd:
@@ -44,7 +44,12 @@ class FdCache:
     (`unlink_quietly`) its entry is dropped. A descriptor is closed only once no read holds it (a
     descriptor number closed under a reader could be reused by an unrelated open)."""
 
-    def __init__(self, entries_max: int = FD_CACHE_MAX):
+    def __init__(self, entries_max: int | None = None):
+        if entries_max is None:  # leave most of the process's descriptors to sockets and writes
+            import resource
+
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            entries_max = FD_CACHE_MAX if soft == resource.RLIM_INFINITY else max(16, min(FD_CACHE_MAX, soft // 8))
         self._lock = threading.Lock()
         self._entries: collections.OrderedDict[str, _Fd] = collections.OrderedDict()
         self._max = entries_max
