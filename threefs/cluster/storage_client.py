@@ -253,10 +253,9 @@ class StorageClient:
     def _plan(self, routing: Routing, batch: "ReadBatch", idx: np.ndarray) -> list[tuple[str, np.ndarray]]:
         """Pick a SERVING replica per IO and cut the IOs into requests: [(service address, IO indices)].
 
-        Small IOs cost per request, not per byte: runs of them go to one service (where their chains have a
-        replica there), each run to the next service in turn; a run is PACKED_IOS_MAX IOs, or a share of
-        the batch per service when that is smaller (a batch of 64 is three requests served in parallel,
-        not one). Big IOs (received straight into their destination) spread one by one. Vectorised: per chain, not per IO, in Python."""
+        Small IOs cost per request, not per byte: runs of PACKED_IOS_MAX of them go to one service (where
+        their chains have a replica there), each run to the next service in turn; big IOs (received
+        straight into their destination) spread one by one. Vectorised: per chain, not per IO, in Python."""
         ios = batch.ios
         chains, inv = np.unique(ios["chain"][idx], return_inverse=True)
         addrs: list[str] = []
@@ -295,9 +294,7 @@ class StorageClient:
         small = lengths < SOLO_IO_BYTES_MIN
         rr = next(self._rr)
         pref = np.empty(len(idx), dtype=np.int64)
-        n_small = int(small.sum())
-        run = max(1, min(PACKED_IOS_MAX, -(-n_small // n_nodes)))  # a small batch is dealt to every service
-        pref[small] = (np.arange(n_small) // run + rr) % n_nodes
+        pref[small] = (np.arange(int(small.sum())) // PACKED_IOS_MAX + rr) % n_nodes
         pref[~small] = (np.arange(int((~small).sum())) + rr) % n_nodes
         rows = table[inv]
         node = np.full(len(idx), -1, dtype=np.int64)
