@@ -97,6 +97,31 @@ def batch_random(fs: Client, path: str, total: int, size: int) -> float:
     return runs * RANDOM_IOS / (time.perf_counter() - t0)
 
 
+def threads_random(fs: Client, path: str, total: int, size: int, threads: int, per_batch: int) -> float:
+    """Aggregate IO/s of `threads` callers of one client, each reading batches of `per_batch` random IOs."""
+    import threading
+
+    attr = fs.stat(path)
+    done = [0] * threads
+    stop = time.perf_counter() + RANDOM_SECONDS
+
+    def caller(k: int) -> None:
+        arena = memoryview(bytearray(per_batch * size))
+        offs = random_offsets(total, size, per_batch, seed=100 + k)
+        items = [(attr, o, arena[i * size:(i + 1) * size]) for i, o in enumerate(offs)]
+        while time.perf_counter() < stop:
+            fs.batch_read(items)
+            done[k] += per_batch
+
+    t0 = time.perf_counter()
+    workers = [threading.Thread(target=caller, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return sum(done) / (time.perf_counter() - t0)
+
+
 def file_random(fs: Client, path: str, total: int, size: int) -> float:
     offs = random_offsets(total, size, RANDOM_IOS)
     n, t0 = 0, time.perf_counter()
@@ -185,6 +210,9 @@ def run(fs: Client, mnt: str | None, tmp: str, total: int) -> list[tuple[str, st
         out.append((f"rand {label}", "reference server", ref.read(
             [(o, size) for o in random_offsets(total, size, RANDOM_IOS)], RANDOM_SECONDS)))
         out.append((f"rand {label}", f"batch_read ({RANDOM_IOS} per batch)", batch_random(fs, "/seq-b", total, size)))
+        for threads in (1, 4):
+            out.append((f"rand {label}", f"batch_read 64 per batch, {threads} thread{'s' * (threads > 1)}",
+                        threads_random(fs, "/seq-b", total, size, threads, 64)))
         out.append((f"rand {label}", "file object seek+read qd1", file_random(fs, "/seq-b", total, size)))
         if mnt:
             out.append((f"rand {label}", "FUSE pread qd1", pread_random(f"{mnt}/seq-b", total, size)))
@@ -221,6 +249,9 @@ def report(rows, ceiling_before: float, ceiling_after: float, total: int, args) 
         mine, ref = value.get(f"batch_read ({RANDOM_IOS} per batch)@{size}"), value.get(f"reference server@{size}")
         if mine and ref:
             print(f"goal: batch_read random {size} / reference server = {mine / ref:.2f} (>= 0.7)")
+        one, four = (value.get(f"batch_read 64 per batch, {t}@{size}") for t in ("1 thread", "4 threads"))
+        if one and four:
+            print(f"batch_read random {size}, 64 per batch: 4 threads / 1 thread = {four / one:.2f}")
 
 
 def main() -> None:

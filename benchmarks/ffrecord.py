@@ -15,7 +15,9 @@ the best round counting:
   - FileReader on the .ffr file through the FUSE mount (os.preadv per sample)
   - the same samples as individual small files on the FUSE mount (open/read/close per sample;
     `--small-files` of them, spread over directories of 1000)
-  - FFRecordDataset + DataLoader, 2 forked workers, threefs (whole pipeline, CRC on)
+  - the reference server of benchmarks/refserver.py (three plain Python processes preadv-ing the local
+    file) reading the samples of the same seeded batches, batch by batch       <- issue 15's baseline
+  - FFRecordDataset + DataLoader, in-process and with 2 forked workers, threefs (whole pipeline, CRC on)
 Local files are read warm (just written, page cache), as the storage services' chunk files are.
 Prints samples/s and GB/s (10^9 B/s) per row and the ratio to the local os.pread reader. The machine
 is shared and noisy: compare ratios within one run.
@@ -33,6 +35,9 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from refserver import IOS_PER_REQUEST, RefServers  # noqa: E402
 
 from benchmarks.common import local_cluster  # noqa: E402
 from threefs.client.client import Client  # noqa: E402
@@ -117,11 +122,12 @@ def small_file_reader(paths: list[str]):
     return read
 
 
-def dataloader_rate(fs: Client, path: str, n: int, batch: int, seconds: float, size: int) -> tuple[float, float]:
+def dataloader_rate(fs: Client, path: str, n: int, batch: int, seconds: float, size: int,
+                    workers: int = 2) -> tuple[float, float]:
     from threefs.ffrecord.torch import DataLoader, FFRecordDataset
 
     loader = DataLoader(FFRecordDataset(path, client=fs), batch_size=batch, shuffle=True, seed=1,
-                        num_workers=2, collate_fn=lambda b: len(b), persistent_workers=True)
+                        num_workers=workers, collate_fn=lambda b: len(b), persistent_workers=workers > 0)
     count, t0 = 0, None
     while t0 is None or time.perf_counter() - t0 < seconds:
         for got in loader:
@@ -161,15 +167,29 @@ def run_size(fs: Client, tmp: str, mnt: str | None, size: int, args) -> list[tup
         k = min(n, args.small_files)
         paths = write_small_files(fs, f"/bench/small{size}", samples[:k])
         rows[f"small files on FUSE ({k}), open+read"] = (small_file_reader([mnt + p for p in paths]), k)
-    best = {name: (0.0, 0.0) for name in rows}
+    # the reference server (benchmarks/refserver.py) reading the samples of the same seeded batches
+    ref = RefServers(local, IOS_PER_REQUEST * size).__enter__()
+    gen = batches(n, args.batch, seed=n)
+    ref_idx = np.concatenate([next(gen) for _ in range(max(1, 4096 // args.batch))])
+    ref_ios = list(zip(offsets[ref_idx].tolist(), sizes[ref_idx].tolist()))
+    ref_name = f"reference server, same offsets (batch {args.batch})"
+
+    def ref_rate():
+        rate = ref.read(ref_ios, args.seconds, batch=args.batch)
+        return rate, rate * size / 1e9
+    best = {name: (0.0, 0.0) for name in [ref_name, *rows]}
     for _ in range(args.rounds):  # interleaved rounds, best of each: the machine is shared and noisy
+        best[ref_name] = max(best[ref_name], ref_rate())
         for name, (fn, count) in rows.items():
             best[name] = max(best[name], timed_rate(fn, count, args.batch, args.seconds, sizes))
+    ref.__exit__(None, None, None)
     close_plain(), close_checked()
     for r in readers:
         r.close()
-    out = [(name, *best[name]) for name in rows]
+    out = [(name, *best[name]) for name in [*rows, ref_name]]
     if not args.no_dataloader:
+        out.append(("DataLoader in-process, threefs, CRC on",
+                    *dataloader_rate(fs, remote, n, args.batch, args.seconds * args.rounds, size, workers=0)))
         out.append(("DataLoader 2 workers, threefs, CRC on",
                     *dataloader_rate(fs, remote, n, args.batch, args.seconds * args.rounds, size)))
     return out
@@ -183,6 +203,12 @@ def report(size: int, rows: list[tuple[str, float, float]]) -> None:
         print(f"{name:<42} {rate:>11,.0f} {gbps:>7.3f} {rate / base:>13.2f}x")
     best = max(r for name, r, _ in rows if name.startswith("FileReader threefs"))
     print(f"goal: threefs FileReader / local os.pread = {best / base:.2f} (>= 1.0)")
+    rate = {name: r for name, r, _ in rows}
+    ref = next(r for name, r, _ in rows if name.startswith("reference server"))
+    print(f"goal: threefs FileReader CRC on / reference server = {rate['FileReader threefs, CRC on'] / ref:.2f} (>= 0.7)")
+    one, two = rate.get("DataLoader in-process, threefs, CRC on"), rate.get("DataLoader 2 workers, threefs, CRC on")
+    if one and two:
+        print(f"goal: DataLoader 2 workers / in-process = {two / one:.2f} (>= 1.5)")
 
 
 def main() -> None:

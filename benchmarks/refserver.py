@@ -84,8 +84,12 @@ class RefServers:
             p.kill()
             p.join(10)
 
-    def read(self, ios: list[tuple[int, int]], seconds: float | None) -> float:
-        """Read `ios` ((offset, length) pairs) over and over for `seconds` (None: once); IOs per second."""
+    def read(self, ios: list[tuple[int, int]], seconds: float | None, batch: int | None = None) -> float:
+        """Read `ios` ((offset, length) pairs) over and over for `seconds` (None: once); IOs per second.
+        With `batch`, in batches of that many IOs as a batch API reads them: each batch is dealt to the
+        servers and the next starts when all of them have answered."""
+        if batch:
+            return self._read_batches(ios, seconds, batch)
         shares = [ios[i::self.n] for i in range(self.n)]
         done = [0] * self.n
         stop = time.perf_counter() + (seconds or 0)
@@ -115,6 +119,53 @@ class RefServers:
                 sock.close()
             except Exception as e:  # reported by the caller
                 errors.append(e)
+
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(self.n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return sum(done) / (time.perf_counter() - t0)
+
+
+    def _read_batches(self, ios: list[tuple[int, int]], seconds: float | None, batch: int) -> float:
+        batches = [ios[i:i + batch] for i in range(0, len(ios), batch)]
+        done = [0] * self.n
+        stop = time.perf_counter() + (seconds or 0)
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(self.n)
+        go = [True]
+
+        def worker(k: int) -> None:
+            try:
+                sock = socket.create_connection(("127.0.0.1", self.ports[k]))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                requests = []
+                for b in batches:
+                    mine = b[k::self.n]
+                    requests.append([(_HEAD.pack(len(part)) + b"".join(_IO.pack(o, n) for o, n in part), len(part))
+                                     for part in (mine[i:i + IOS_PER_REQUEST] for i in range(0, len(mine), IOS_PER_REQUEST))])
+                buf = memoryview(bytearray(self.max_request_bytes))
+                head = memoryview(bytearray(_RSP.size))
+                while go[0]:
+                    for reqs in requests:
+                        for req, count in reqs:
+                            sock.sendall(req)
+                            _recv_exact(sock, head)
+                            (n,) = _RSP.unpack(head)
+                            _recv_exact(sock, buf[:n])
+                            done[k] += count
+                        barrier.wait(30)
+                    if k == 0:
+                        go[0] = time.perf_counter() < stop
+                    barrier.wait(30)
+                sock.close()
+            except Exception as e:  # reported by the caller
+                errors.append(e)
+                barrier.abort()
 
         t0 = time.perf_counter()
         threads = [threading.Thread(target=worker, args=(k,)) for k in range(self.n)]

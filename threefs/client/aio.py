@@ -7,11 +7,13 @@ import itertools
 import logging
 import os
 
+import numpy as np
+
 from threefs.cluster.mgmtd_client import MgmtdClient
-from threefs.cluster.storage_client import ReadItem, StorageClient
+from threefs.cluster.storage_client import IO_DTYPE, ReadBatch, ReadItem, StorageClient
 from threefs.common import limits
 from threefs.common.config import ClientConfig
-from threefs.common.ids import chunk_id
+from threefs.common.ids import CHUNK_INDEX_MAX, chunk_id
 from threefs.common.layout import chain_of_chunk, split_range
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.client import RpcClient, as_bytes_view
@@ -36,6 +38,7 @@ class AsyncClient:
         self._meta_request_ids = itertools.count(1)
         self.acting_user: m.UserCred | None = None
         self._keepalive: asyncio.Task | None = None
+        self._chain_cache: dict = {}  # (routing version, layout) -> chain per stripe position
 
     async def start(self) -> "AsyncClient":
         await self.mgmtd.refresh(force=True)
@@ -273,25 +276,98 @@ class AsyncClient:
         return len(data)
 
     async def batch_read(self, requests: list[tuple[m.InodeAttr, int, memoryview]]) -> list[int | ThreeFSError]:
-        """Many (file attr, offset, destination) reads in one go; a result (bytes or error) per item."""
+        """Many (file attr, offset, destination) reads in one go; a result (bytes or error) per item.
+
+        The file ranges are cut into chunk IOs in bulk (numpy, per file not per IO in Python) into one
+        ReadBatch, which the storage client sends as packed requests (see StorageClient.read_batch)."""
         if len(requests) > limits.BATCH_IOS_MAX:
             raise status_error(StatusCode.INVALID_ARGUMENT,
                                f"batch of {len(requests)} IOs exceeds {limits.BATCH_IOS_MAX}")
-        per_request: list[tuple[int, list[ReadItem]]] = []
-        all_items: list[ReadItem] = []
+        if not requests:
+            return []
+        batch, rep, sizes, req_errors = self.build_read_batch(await self.mgmtd.get(), requests)
+        await self.storage.read_batch(batch)
+        for k in sorted(batch.errors):  # the first failed IO of a request is its error
+            req_errors.setdefault(int(rep[k]), batch.errors[k])
+        return [req_errors.get(r, size) for r, size in enumerate(sizes)]
+
+    def build_read_batch(self, routing, requests: list[tuple[m.InodeAttr, int, memoryview]]):
+        """(ReadBatch of the requests' chunk IOs, request of each IO, bytes asked per request (clamped to
+        the file length), {request: error} for requests that cannot be read at all). Plain CPU work."""
+        files: dict[int, int] = {}  # id(attr) -> file number
+        attrs: list[m.InodeAttr] = []
+        file_of, offsets, sizes, dests = [], [], [], []
         for attr, offset, dest in requests:
-            if attr.type != m.FILE:
-                raise status_error(StatusCode.IS_DIRECTORY, f"inode {attr.inode} is not a file")
-            n = max(0, min(len(dest), attr.length - offset))
-            items = await self._read_items(attr, offset, dest[:n]) if n else []
-            per_request.append((n, items))
-            all_items.extend(items)
-        await self.storage.read(all_items)
-        out: list[int | ThreeFSError] = []
-        for n, items in per_request:
-            errors = [it.error for it in items if it.error is not None]
-            out.append(errors[0] if errors else n)
-        return out
+            f = files.get(id(attr))
+            if f is None:
+                if attr.type != m.FILE:
+                    raise status_error(StatusCode.IS_DIRECTORY, f"inode {attr.inode} is not a file")
+                f = files[id(attr)] = len(attrs)
+                attrs.append(attr)
+            file_of.append(f)
+            offsets.append(offset)
+            sizes.append(max(0, min(len(dest), attr.length - offset)))
+            dests.append(dest)
+        file_of = np.array(file_of, dtype=np.int64)
+        off = np.array(offsets, dtype=np.int64)
+        n = np.array(sizes, dtype=np.int64)
+        # per file: chunk size, inode, and the chain of chunk index i = lookup[base + i % stripe]
+        cs_f = np.array([a.layout.chunk_size for a in attrs], dtype=np.int64)
+        inode_f = np.array([a.inode for a in attrs], dtype=np.uint64)
+        base_f = np.zeros(len(attrs), dtype=np.int64)
+        stripe_f = np.zeros(len(attrs), dtype=np.int64)
+        lookups, file_errors, at = [], {}, 0
+        for f, a in enumerate(attrs):
+            try:
+                chains = self._chains_of(routing, a.layout)
+            except ThreeFSError as e:
+                file_errors[f] = e
+                chains = np.zeros(1, dtype=np.uint32)
+            base_f[f], stripe_f[f] = at, len(chains)
+            lookups.append(chains)
+            at += len(chains)
+        lookup = np.concatenate(lookups)
+        cs = cs_f[file_of]
+        first = off // cs
+        count = np.where(n > 0, (off + n - 1) // cs - first + 1, 0)
+        req_errors: dict[int, ThreeFSError] = {}
+        too_far = np.flatnonzero((first + count - 1 > CHUNK_INDEX_MAX) & (n > 0))
+        for r in too_far.tolist():
+            req_errors[r] = status_error(StatusCode.FILE_TOO_LARGE, f"read at offset {offsets[r]} of inode "
+                                         f"{attrs[file_of[r]].inode}: chunk index exceeds {CHUNK_INDEX_MAX}")
+        for f, e in file_errors.items():
+            for r in np.flatnonzero(file_of == f).tolist():
+                req_errors.setdefault(r, e)
+        if req_errors:
+            count[list(req_errors)] = 0
+        # one IO per (request, chunk touched)
+        rep = np.repeat(np.arange(len(requests), dtype=np.int64), count)
+        within = np.arange(len(rep), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+        index = first[rep] + within
+        cs_io = cs[rep]
+        chunk_start = index * cs_io
+        begin = np.maximum(off[rep], chunk_start)
+        end = np.minimum(off[rep] + n[rep], chunk_start + cs_io)
+        f_io = file_of[rep]
+        ios = np.zeros(len(rep), dtype=IO_DTYPE)
+        ios["chain"] = lookup[base_f[f_io] + index % stripe_f[f_io]]
+        ios["chunk"]["inode"] = inode_f[f_io]
+        ios["chunk"]["index"] = index
+        ios["offset"] = begin - chunk_start
+        ios["length"] = end - begin
+        return ReadBatch(ios, dests, rep.tolist(), (begin - off[rep]).tolist()), rep, sizes, req_errors
+
+    def _chains_of(self, routing, layout) -> np.ndarray:
+        """The chain of each stripe position of a layout (chunk i is on entry i % stripe), cached per routing."""
+        key = (routing.version, layout)
+        chains = self._chain_cache.get(key)
+        if chains is None:
+            table = routing.table(layout.table_id).chains
+            chains = np.array([chain_of_chunk(layout, i, table) for i in range(layout.stripe)], dtype=np.uint32)
+            if len(self._chain_cache) >= 4096:
+                self._chain_cache.clear()
+            self._chain_cache[key] = chains
+        return chains
 
 
 def open_flags(mode: str) -> tuple[int, bool, bool]:

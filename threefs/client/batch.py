@@ -153,16 +153,33 @@ def _attr_of(client, file, cache: dict[str, m.InodeAttr | ThreeFSError]) -> m.In
 
 def resolve_read_items(client, items) -> list[tuple[m.InodeAttr, int, memoryview] | ThreeFSError]:
     """User items -> (attr, offset, writable view), or the item's error (missing file, directory).
-    Malformed items (bad tuple, read-only buffer) raise: they are the caller's bug."""
+    Malformed items (bad tuple, read-only buffer) raise: they are the caller's bug.
+
+    The common item, (InodeAttr, int, memoryview of bytes), costs a few type checks here (this loop runs
+    once per item of every batch; the rest of the read path works on arrays)."""
     from threefs.client.file import check_buffer_writable
 
     cache: dict[str, m.InodeAttr | ThreeFSError] = {}
+    checked: dict[int, m.InodeAttr | ThreeFSError] = {}  # id(InodeAttr) -> itself or its error
     out = []
+    append = out.append
+    InodeAttr, MemoryView = m.InodeAttr, memoryview
     for item in items:
-        file, offset, view = item_parts(item)
-        view = check_buffer_writable(view)
-        attr = _attr_of(client, file, cache)
-        out.append(attr if isinstance(attr, ThreeFSError) else (attr, offset, view))
+        if (type(item) is tuple and len(item) == 3 and type(item[2]) is MemoryView
+                and type(item[1]) is int and item[1] >= 0):
+            file, offset, view = item
+            if view.format != "B" or view.ndim != 1 or view.readonly:
+                view = check_buffer_writable(view)
+        else:
+            file, offset, view = item_parts(item)
+            view = check_buffer_writable(view)
+        if type(file) is InodeAttr:
+            attr = checked.get(id(file))
+            if attr is None:
+                attr = checked[id(file)] = _attr_of(client, file, cache)
+        else:
+            attr = _attr_of(client, file, cache)
+        append(attr if isinstance(attr, ThreeFSError) else (attr, offset, view))
     return out
 
 
@@ -228,6 +245,8 @@ def close_write_targets(client, targets: dict[int, WriteTarget]) -> None:
 
 def run_partial(client, resolved: list, run) -> list:
     """Run `run(valid requests)` on the items that resolved; failed items keep their error."""
+    if not any(isinstance(r, ThreeFSError) for r in resolved):
+        return client.run(run(resolved)) if resolved else []
     valid = [i for i, r in enumerate(resolved) if not isinstance(r, ThreeFSError)]
     results = list(resolved)
     if valid:

@@ -13,11 +13,12 @@ import logging
 from dataclasses import dataclass, field
 
 import crc32c
+import numpy as np
 
 from threefs.cluster.mgmtd_client import MgmtdClient
 from threefs.cluster.routing import Routing, serving_targets, write_targets
 from threefs.common import limits
-from threefs.common.buffers import BufferPool, align_up
+from threefs.common.buffers import IO_BUFFER_ALIGN, BufferPool
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.client import RpcClient
 from threefs.rpc.schemas import storage as ss
@@ -25,9 +26,57 @@ from threefs.rpc.schemas import storage as ss
 log = logging.getLogger(__name__)
 
 RETRY_S = 20.0  # total time an IO keeps retrying retryable errors
-REQUEST_IOS_MAX = 64  # IOs in one storage.batch_read request (a client batch is split into these)
+PACKED_IOS_MAX = 256  # IOs in one storage.read_packed request (a client batch is split into these)
 BATCH_BYTES_MAX = 4 * limits.MiB
 SOLO_IO_BYTES_MIN = 128 * limits.KiB  # larger IOs skip batching so they need no scatter copy
+
+
+# The IO record of storage.read_packed (rpc/schemas/storage.py READ_IO_FORMAT), with the chunk id's fields
+# (common/ids.py: tenant, reserved, inode, track, chunk index; big-endian) so they can be filled in bulk.
+CHUNK_DTYPE = np.dtype([("tenant", "u1"), ("reserved", "u1"), ("inode", ">u8"), ("track", ">u2"),
+                        ("index", ">u4")])
+IO_DTYPE = np.dtype([("chain", "<u4"), ("target", "<u4"), ("chunk", CHUNK_DTYPE), ("offset", "<u8"),
+                     ("length", "<u4")])
+RESULT_DTYPE = np.dtype([("status", "<u4"), ("length", "<u4"), ("commit_ver", "<u8"), ("chunk_crc", "<u4"),
+                         ("data_crc", "<u4")])
+assert IO_DTYPE.itemsize == ss.READ_IO_BYTES and RESULT_DTYPE.itemsize == ss.READ_RESULT_BYTES
+
+
+def _aligned(lengths: np.ndarray) -> np.ndarray:
+    return (lengths.astype(np.int64) + (IO_BUFFER_ALIGN - 1)) // IO_BUFFER_ALIGN * IO_BUFFER_ALIGN
+
+
+class ReadBatch:
+    """The chunk IOs of one batch read as columns: one IO_DTYPE record per IO (chain, target, chunk id,
+    offset, length) and where its bytes go (dests[dest_of[k]][dest_off[k]:...]); no Python object per IO.
+    After StorageClient.read_batch: got[k] = bytes read from storage (the rest of the IO is zeros) or
+    errors[k] = the IO's error."""
+
+    def __init__(self, ios: np.ndarray, dests: list, dest_of, dest_off):
+        self.ios = ios
+        self.dests = dests  # writable byte memoryviews
+        self.dest_of = dest_of  # per IO: index into dests (a list, or an int array)
+        self.dest_off = dest_off  # per IO: byte offset in its dest
+        self.got = np.zeros(len(ios), dtype=np.int64)
+        self.errors: dict[int, ThreeFSError] = {}
+        self.avoid: dict[int, set] = {}  # per IO: replicas that failed it (tried last)
+
+    @classmethod
+    def of_items(cls, items: list["ReadItem"]) -> "ReadBatch":
+        ios = np.zeros(len(items), dtype=IO_DTYPE)
+        if items:
+            ios["chain"] = [it.chain_id for it in items]
+            ios["chunk"] = np.frombuffer(b"".join(it.chunk_id for it in items), CHUNK_DTYPE)
+            ios["offset"] = [it.offset for it in items]
+            ios["length"] = [it.length for it in items]
+        return cls(ios, [it.dest for it in items], range(len(items)), [0] * len(items))
+
+    def dest(self, k: int) -> memoryview:
+        o = int(self.dest_off[k])
+        return self.dests[self.dest_of[k]][o:o + int(self.ios["length"][k])]
+
+    def chunk_hex(self, k: int) -> str:
+        return self.ios["chunk"][k:k + 1].tobytes().hex()
 
 
 @dataclass
@@ -56,6 +105,8 @@ class StorageClient:
         self._rr = itertools.count()
         self.pool = BufferPool()  # scatter buffers of multi-IO reads
         self.damaged_reads = 0  # IOs whose bytes failed their checksum on arrival (then read elsewhere)
+        self._replicas_cache: dict[int, list | ThreeFSError] = {}
+        self._replicas_version = -1
 
     def _sem(self, addr: str) -> asyncio.Semaphore:
         sem = self._sems.get(addr)
@@ -163,25 +214,35 @@ class StorageClient:
     # -- reads -----------------------------------------------------------------------------------
     async def read(self, items: list[ReadItem], *, allow_uncommitted: bool = False) -> None:
         """Fill every item's dest; per-item errors are stored in item.error (never raised)."""
+        batch = ReadBatch.of_items(items)
+        await self.read_batch(batch, allow_uncommitted=allow_uncommitted)
+        for k, it in enumerate(items):
+            err = batch.errors.get(k)
+            if err is not None:
+                it.error = err
+            else:
+                it.result = int(batch.got[k])
+
+    async def read_batch(self, batch: "ReadBatch", *, allow_uncommitted: bool = False) -> None:
+        """Fill every IO's destination; per-IO errors end in batch.errors (never raised). IOs that fail
+        retryably (replica down, stale routing, damaged on arrival or on disk) go to another replica."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RETRY_S
-        pending = [it for it in items if it.length > 0]
-        for it in items:
-            if it.length == 0:
-                it.result = 0
+        lengths = batch.ios["length"]
+        pending = np.flatnonzero(lengths > 0)
         delay = 0.002
-        while pending:
+        while len(pending):
             routing = await self.mgmtd.get()
-            groups = self._group_by_node(routing, pending)
-            await asyncio.gather(*(self._read_node(addr, batch, allow_uncommitted)
-                                   for addr, batches in groups.items() for batch in batches))
-            retry = [it for it in pending if it.error is not None and _read_retryable(it.error)]
+            requests = self._plan(routing, batch, pending)
+            await asyncio.gather(*(self._read_packed(addr, batch, idx, allow_uncommitted)
+                                   for addr, idx in requests))
+            retry = [k for k in pending.tolist() if k in batch.errors and _read_retryable(batch.errors[k])]
             if not retry or loop.time() > deadline:
                 return
-            for it in retry:
-                it.avoid.add(it.target)
-                it.error = None
-            pending = retry
+            for k in retry:
+                batch.avoid.setdefault(k, set()).add(int(batch.ios["target"][k]))
+                del batch.errors[k]
+            pending = np.array(retry, dtype=np.int64)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
             try:
@@ -189,93 +250,168 @@ class StorageClient:
             except ThreeFSError:
                 pass
 
-    def _group_by_node(self, routing: Routing, items: list[ReadItem]) -> dict[str, list]:
-        """Pick a SERVING replica per item; group small IOs per storage service into bounded batches."""
-        groups: dict[str, list[list[ReadItem]]] = {}
-        open_bytes: dict[str, int] = {}  # bytes in each service's last (open) batch
-        serving: dict[int, list[int]] = {}  # per chain, computed once per call
-        # Small IOs cost per request, not per byte: fill one request to one service (where the
-        # chains have a replica there) before moving on to the next service, instead of sending
-        # one request to every replica's service. Big IOs spread item by item.
-        small_addr, small_n, small_bytes = None, 0, 0
-        for it in items:
-            try:
-                targets = serving.get(it.chain_id)
-                if targets is None:
-                    targets = serving[it.chain_id] = _readable(routing, serving_targets(routing.chain(it.chain_id)))
-                if not targets:
-                    raise status_error(StatusCode.NO_SERVING_TARGET, f"chain {it.chain_id} has no "
-                                       f"SERVING target ({routing.describe_chain(it.chain_id)})")
-                choice = [t for t in targets if t not in it.avoid] if it.avoid else targets
-                choice = choice or targets
-                target = choice[next(self._rr) % len(choice)]
-                if it.length < SOLO_IO_BYTES_MIN:
-                    if (small_addr is None or small_n >= REQUEST_IOS_MAX
-                            or small_bytes + it.length > BATCH_BYTES_MAX):
-                        small_addr, small_n, small_bytes = routing.target_addr(target), 0, 0
-                    else:
-                        target = next((t for t in choice if _addr_or_none(routing, t) == small_addr), target)
-                addr = routing.target_addr(target)
-                if it.length < SOLO_IO_BYTES_MIN and addr == small_addr:
-                    small_n, small_bytes = small_n + 1, small_bytes + it.length
-            except ThreeFSError as e:
-                it.error = e
-                continue
-            it.target = target
-            batches = groups.setdefault(addr, [[]])
-            if it.length >= SOLO_IO_BYTES_MIN:  # its own request: received straight into dest
-                batches.insert(0, [it])
-                continue
-            last = batches[-1]
-            if len(last) >= REQUEST_IOS_MAX or open_bytes.get(addr, 0) + it.length > BATCH_BYTES_MAX:
-                batches.append(last := [])
-                open_bytes[addr] = 0
-            last.append(it)
-            open_bytes[addr] = open_bytes.get(addr, 0) + it.length
-        return {addr: [b for b in batches if b] for addr, batches in groups.items()}
+    def _plan(self, routing: Routing, batch: "ReadBatch", idx: np.ndarray) -> list[tuple[str, np.ndarray]]:
+        """Pick a SERVING replica per IO and cut the IOs into requests: [(service address, IO indices)].
 
-    async def _read_node(self, addr: str, batch: list[ReadItem], allow_uncommitted: bool) -> None:
-        req = ss.BatchReadReq([ss.ReadIO(it.chain_id, it.target, it.chunk_id, it.offset, it.length)
-                               for it in batch], allow_uncommitted, self.rpc.senders is not None)
+        Small IOs cost per request, not per byte: runs of PACKED_IOS_MAX of them go to one service (where
+        their chains have a replica there), each run to the next service in turn; big IOs (received
+        straight into their destination) spread one by one. Vectorised: per chain, not per IO, in Python."""
+        ios = batch.ios
+        chains, inv = np.unique(ios["chain"][idx], return_inverse=True)
+        addrs: list[str] = []
+        addr_index: dict[str, int] = {}
+        per_chain: list[list[tuple[int, int]]] = []  # (target, node index) of each chain's readable replicas
+        dead = []
+        for u, chain_id in enumerate(chains.tolist()):
+            found = self._replicas(routing, chain_id)
+            if isinstance(found, ThreeFSError):
+                dead.append((u, found))
+                per_chain.append([])
+                continue
+            replicas = []
+            for t, addr in found:
+                j = addr_index.get(addr)
+                if j is None:
+                    j = addr_index[addr] = len(addrs)
+                    addrs.append(addr)
+                replicas.append((t, j))
+            per_chain.append(replicas)
+        n_nodes = len(addrs)
+        # table[u, j] = the target of chain u on node j (0: none there)
+        table = np.zeros((len(chains), max(1, n_nodes)), dtype=np.int64)
+        first = np.zeros(len(chains), dtype=np.int64)  # a fallback node per chain
+        for u, replicas in enumerate(per_chain):
+            for t, j in replicas:
+                table[u, j] = t
+            if replicas:
+                first[u] = replicas[0][1]
+        for u, e in dead:
+            for k in idx[inv == u].tolist():
+                batch.errors[k] = e
+        if n_nodes == 0:
+            return []
+        lengths = ios["length"][idx]
+        small = lengths < SOLO_IO_BYTES_MIN
+        rr = next(self._rr)
+        pref = np.empty(len(idx), dtype=np.int64)
+        pref[small] = (np.arange(int(small.sum())) // PACKED_IOS_MAX + rr) % n_nodes
+        pref[~small] = (np.arange(int((~small).sum())) + rr) % n_nodes
+        rows = table[inv]
+        node = np.full(len(idx), -1, dtype=np.int64)
+        for step in range(n_nodes):  # the preferred node if the chain has a replica there, else the next one
+            col = (pref + step) % n_nodes
+            hit = (node < 0) & (rows[np.arange(len(idx)), col] != 0)
+            node[hit] = col[hit]
+        live = node >= 0
+        if batch.avoid:  # retries: IOs that failed on a replica try the others first (a Python path, rare)
+            for pos, k in enumerate(idx.tolist()):
+                avoid = batch.avoid.get(k)
+                if avoid and live[pos] and int(rows[pos, node[pos]]) in avoid:
+                    choice = [j for j in range(n_nodes) if rows[pos, j] and int(rows[pos, j]) not in avoid]
+                    if choice:
+                        node[pos] = choice[(k + rr) % len(choice)]
+        sel = np.flatnonzero(live)
+        node_l = node[sel]
+        ios["target"][idx[sel]] = rows[sel, node_l]
+        requests: list[tuple[str, np.ndarray]] = []
+        big = sel[~small[sel]]
+        for pos in big.tolist():
+            requests.append((addrs[int(node[pos])], idx[pos:pos + 1]))
+        sm = sel[small[sel]]
+        if len(sm):
+            order = np.argsort(node[sm], kind="stable")
+            sm = sm[order]
+            sm_node = node[sm]
+            bounds = np.flatnonzero(np.diff(sm_node)) + 1
+            for part in np.split(sm, bounds):
+                addr = addrs[int(node[part[0]])]
+                widest = int(_aligned(lengths[part]).max())
+                step = max(1, min(PACKED_IOS_MAX, BATCH_BYTES_MAX // widest))
+                for i in range(0, len(part), step):
+                    requests.append((addr, idx[part[i:i + step]]))
+        return requests
+
+    def _replicas(self, routing: Routing, chain_id: int) -> list[tuple[int, str]] | ThreeFSError:
+        """[(target, service address)] of a chain's readable replicas, or why there is none; cached per
+        routing version (a batch looks its chains up, not its IOs)."""
+        if self._replicas_version != routing.version:
+            self._replicas_cache, self._replicas_version = {}, routing.version
+        found = self._replicas_cache.get(chain_id)
+        if found is None:
+            try:
+                targets = _readable(routing, serving_targets(routing.chain(chain_id)))
+                if not targets:
+                    raise status_error(StatusCode.NO_SERVING_TARGET, f"chain {chain_id} has no SERVING target "
+                                       f"({routing.describe_chain(chain_id)})")
+                found = [(t, a) for t in targets if (a := _addr_or_none(routing, t)) is not None]
+                if not found:
+                    routing.target_addr(targets[0])  # raises the reason
+            except ThreeFSError as e:
+                found = e
+            self._replicas_cache[chain_id] = found
+        return found
+
+    async def _read_packed(self, addr: str, batch: "ReadBatch", idx: np.ndarray, allow_uncommitted: bool) -> None:
+        ios = batch.ios[idx]
+        lengths = ios["length"].astype(np.int64)
+        ends = np.cumsum(_aligned(lengths))
+        req = ss.PackedReadReq(ios.tobytes(), allow_uncommitted, self.rpc.senders is not None)
         # One IO: receive straight into the caller's memory. Several: into one buffer, then scatter.
-        single = len(batch) == 1
-        lease = None if single else self.pool.acquire(sum(align_up(it.length) for it in batch))
-        recv = batch[0].dest if single else lease.view
+        lease = None
+        if len(idx) == 1:
+            recv = batch.dest(int(idx[0]))
+        else:
+            lease = self.pool.acquire(int(ends[-1]))
+            recv = lease.view
         try:
-            await self._read_batch(addr, req, batch, recv, single)
+            await self._read_request(addr, req, batch, idx, lengths, ends, recv, lease is None)
         finally:
             if lease is not None:
                 lease.release()
 
-    async def _read_batch(self, addr, req, batch, recv, single) -> None:
+    async def _read_request(self, addr, req, batch, idx, lengths, ends, recv, single) -> None:
         try:
-            rsp, payload = await self._call(addr, "storage.batch_read", req, ss.BatchReadRsp,
+            rsp, payload = await self._call(addr, "storage.read_packed", req, ss.PackedReadRsp,
                                             recv_into=recv)
+            res = np.frombuffer(rsp.results, RESULT_DTYPE) if len(rsp.results) % RESULT_DTYPE.itemsize == 0 else None
+            if res is None or len(res) != len(idx) or (res["length"] > lengths).any():
+                raise status_error(StatusCode.PROTOCOL_ERROR, f"{addr}: malformed read_packed response "
+                                   f"({len(rsp.results)} result bytes for {len(idx)} IOs)")
         except ThreeFSError as e:
-            for it in batch:
-                it.error = e
+            for k in idx.tolist():
+                batch.errors[k] = e
             return
-        pos = 0
-        for it, res in zip(batch, rsp.results):
-            if res.status:
-                it.error = status_error(res.status, f"{addr}: {res.message}")
+        got = res["length"].astype(np.int64)
+        status = res["status"]
+        if payload is None:
+            payload = memoryview(b"")
+        starts = (ends - _aligned(lengths)).tolist()
+        dests, dest_of, dest_off = batch.dests, batch.dest_of, batch.dest_off
+        errors = batch.errors
+        # the per-IO part: check what arrived, place it (~1-2 us per IO)
+        for pos, (k, s, g, want, crc, st) in enumerate(zip(idx.tolist(), starts, got.tolist(), lengths.tolist(),
+                                                       res["data_crc"].tolist(), status.tolist())):
+            if st:
+                errors[k] = status_error(st, f"{addr}: {rsp.messages.get(pos, '')}")
                 continue
-            got = it.dest[:res.length] if single else payload[pos:pos + res.length]
-            if res.length and crc32c.crc32c(got) != res.data_crc:
-                # damaged between the server's disk read and here (network, memory): another replica
-                self.damaged_reads += 1
-                it.error = status_error(StatusCode.CHECKSUM_MISMATCH,
-                                        f"{addr}: {res.length} bytes of chunk {it.chunk_id.hex()} from target "
-                                        f"{it.target} arrived damaged (crc32c {crc32c.crc32c(got):08x}, "
-                                        f"sent {res.data_crc:08x}); reading another replica")
-                pos = align_up(pos + res.length)
-                continue
-            if not single:
-                it.dest[:res.length] = got
-            if res.length < it.length:
-                it.dest[res.length:] = bytes(it.length - res.length)
-            pos = align_up(pos + res.length)
-            it.result = res.length
+            d = dests[dest_of[k]]
+            o = dest_off[k]
+            if g:
+                got_bytes = d[o:o + g] if single else payload[s:s + g]
+                if crc32c.crc32c(got_bytes) != crc:
+                    # damaged between the server's disk read and here (network, memory): another replica
+                    self.damaged_reads += 1
+                    errors[k] = status_error(
+                        StatusCode.CHECKSUM_MISMATCH,
+                        f"{addr}: {g} bytes of chunk {batch.chunk_hex(k)} from target "
+                        f"{int(batch.ios['target'][k])} arrived damaged (crc32c {crc32c.crc32c(got_bytes):08x}, "
+                        f"sent {crc:08x}); reading another replica")
+                    continue
+                if not single:
+                    d[o:o + g] = got_bytes
+            if g < want:  # a hole or past the chunk's end: zeros
+                d[o + g:o + want] = bytes(want - g)
+        batch.got[idx] = got
 
 
 def _readable(routing: Routing, targets: list[int]) -> list[int]:

@@ -31,6 +31,20 @@ from threefs.ffrecord.backend import (IO_THREADS_FUSE, Opened, backend_for, fs_t
 READ_SAMPLES_MAX = limits.BATCH_IOS_MAX  # indices in one read() call
 VALIDATE_WINDOW_BYTES = 32 * limits.MiB  # validate() reads the samples in windows of this size
 IO_THREADS_MAX = 256
+CRC_THREADS = 2  # threads that check the samples of one big batch (zlib.crc32 runs without the GIL)
+CRC_PARALLEL_BYTES_MIN = 1 << 20
+_crc_executor = None
+
+
+def _crc_pool():
+    """One small pool per process (made on first use, so forked DataLoader workers make their own)."""
+    global _crc_executor
+    pid = os.getpid()
+    if _crc_executor is None or _crc_executor[0] != pid:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _crc_executor = (pid, ThreadPoolExecutor(CRC_THREADS, thread_name_prefix="ffr-crc"))
+    return _crc_executor[1]
 
 
 def _paths_of(fnames) -> list[str]:
@@ -180,7 +194,14 @@ class FileReader:
                                    f"offset {ios[k][1]} ({n} bytes){err.message}")
 
     def _verify(self, samples: list[np.ndarray], idx: np.ndarray) -> None:
-        actual = [zlib.crc32(s) for s in samples]
+        if len(samples) >= 2 * CRC_THREADS and sum(len(s) for s in samples) >= CRC_PARALLEL_BYTES_MIN:
+            # zlib.crc32 lets go of the GIL on buffers over 5 KiB: big batches are checked on a few threads
+            step = -(-len(samples) // CRC_THREADS)
+            parts = _crc_pool().map(lambda k: [zlib.crc32(s) for s in samples[k:k + step]],
+                                    range(0, len(samples), step))
+            actual = [c for part in parts for c in part]
+        else:
+            actual = [zlib.crc32(s) for s in samples]
         expected = self._crc[idx].tolist()
         if actual != expected:
             k = next(i for i, (a, e) in enumerate(zip(actual, expected)) if a != e)

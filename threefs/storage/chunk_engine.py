@@ -205,6 +205,7 @@ class ChunkEngine:
                 return
             self._closed = True
         self._log.close()
+        self._files.close()  # cached read descriptors (storage/version_files.py)
         os.close(self._lock_fd)
 
     def __enter__(self) -> ChunkEngine:

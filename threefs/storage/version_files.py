@@ -7,9 +7,12 @@ go, is the engine's (chunk_engine.py), which owns the version state and the meta
 
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import os
+import threading
+import weakref
 
 import crc32c
 
@@ -22,6 +25,98 @@ log = logging.getLogger("threefs.storage.chunk_engine")
 
 FANOUT_DIRS = 256
 VERIFY_READ_BYTES = 4 * MiB  # bounds the memory of a checksum pass over 64 MiB chunks
+PATHS_CACHED_MAX = 1 << 16
+FD_CACHE_MAX = 1024  # read-only descriptors kept open per target (LRU; at most 1/8 of RLIMIT_NOFILE)
+
+
+class _Fd:
+    __slots__ = ("fd", "users", "dropped")
+
+    def __init__(self, fd: int):
+        self.fd, self.users, self.dropped = fd, 1, False
+
+
+class FdCache:
+    """Read-only descriptors of version files, so a read costs no open/close. Bounded LRU, thread-safe.
+
+    Correct because a version file's name is never reused within a target (generations only grow), so a
+    cached descriptor always reads the version its name says; when the engine unlinks a file
+    (`unlink_quietly`) its entry is dropped. A descriptor is closed only once no read holds it (a
+    descriptor number closed under a reader could be reused by an unrelated open)."""
+
+    def __init__(self, entries_max: int | None = None):
+        if entries_max is None:  # leave most of the process's descriptors to sockets and writes
+            import resource
+
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            entries_max = FD_CACHE_MAX if soft == resource.RLIM_INFINITY else max(16, min(FD_CACHE_MAX, soft // 8))
+        self._lock = threading.Lock()
+        self._entries: collections.OrderedDict[str, _Fd] = collections.OrderedDict()
+        self._max = entries_max
+        self._forgets = 0  # bumped by forget(): an open that raced one is not cached
+        _caches.add(self)
+
+    def acquire(self, path: str) -> _Fd:
+        """The entry of `path` with one more user (FileNotFoundError if it is gone); release() it."""
+        with self._lock:
+            entry = self._entries.get(path)
+            if entry is not None:
+                self._entries.move_to_end(path)
+                entry.users += 1
+                return entry
+            forgets = self._forgets
+        entry = _Fd(os.open(path, os.O_RDONLY))
+        with self._lock:
+            other = self._entries.get(path)
+            if other is not None:
+                os.close(entry.fd)
+                other.users += 1
+                return other
+            if forgets != self._forgets:  # maybe unlinked after our open: use it once, do not keep it
+                entry.dropped = True
+                return entry
+            self._entries[path] = entry
+            while len(self._entries) > self._max:
+                self._drop(self._entries.popitem(last=False)[1])
+        return entry
+
+    def release(self, entry: _Fd) -> None:
+        with self._lock:
+            entry.users -= 1
+            if entry.dropped and entry.users == 0:
+                os.close(entry.fd)
+
+    def forget(self, path: str) -> None:
+        with self._lock:
+            self._forgets += 1
+            entry = self._entries.pop(path, None)
+            if entry is not None:
+                self._drop(entry)
+
+    def close(self) -> None:
+        with self._lock:
+            self._forgets += 1
+            entries, self._entries = list(self._entries.values()), collections.OrderedDict()
+            for entry in entries:
+                self._drop(entry)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @staticmethod
+    def _drop(entry: _Fd) -> None:  # caller holds the lock
+        entry.dropped = True
+        if entry.users == 0:
+            os.close(entry.fd)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+_caches: "weakref.WeakSet[FdCache]" = weakref.WeakSet()
 
 
 class VersionFiles:
@@ -31,12 +126,20 @@ class VersionFiles:
         self.path = path
         self.fsync = fsync
         self.data_dir = os.path.join(path, "data")
+        self.fds = FdCache()
+        self._paths: dict[tuple[bytes, int], str] = {}
         for i in range(FANOUT_DIRS):
             os.makedirs(os.path.join(self.data_dir, f"{i:02x}"), exist_ok=True)
 
     def file(self, chunk_id: bytes, gen: int) -> str:
-        sub = f"{crc32c.crc32c(chunk_id) & 0xFF:02x}"
-        return os.path.join(self.data_dir, sub, f"{chunk_id.hex()}.{gen:x}")
+        key = (chunk_id, gen)
+        path = self._paths.get(key)
+        if path is None:  # names are built once per version (a read costs a dict lookup)
+            if len(self._paths) >= PATHS_CACHED_MAX:
+                self._paths.clear()
+            sub = f"{crc32c.crc32c(chunk_id) & 0xFF:02x}"
+            path = self._paths[key] = f"{self.data_dir}/{sub}/{chunk_id.hex()}.{gen:x}"
+        return path
 
     def scan(self):
         """(file path, chunk id, generation) of every version file; unknown names are logged and skipped."""
@@ -53,19 +156,25 @@ class VersionFiles:
                 yield file_path, chunk_id, gen
 
     # -- reads -----------------------------------------------------------------------------------
-    @staticmethod
-    def read(path: str, offset: int, count: int, view: memoryview | None, flags: int = 0) -> memoryview | bytes:
-        fd = os.open(path, os.O_RDONLY)
+    def close(self) -> None:
+        """Close the cached descriptors (those in use close when their reads end)."""
+        self.fds.close()
+
+    def read(self, path: str, offset: int, count: int, view: memoryview | None, flags: int = 0) -> memoryview | bytes:
+        entry = self.fds.acquire(path)
+        fd = entry.fd
         try:
             if view is None:
                 data = os.pread(fd, count, offset)
                 if len(data) != count:
                     raise status_error(StatusCode.IO_ERROR, f"data file {path} is shorter than its metadata")
                 return data
-            preadv_exact(fd, view[:count], offset, path, flags)
-            return view[:count]
+            view = view[:count]
+            if os.preadv(fd, [view], offset, flags) != count:  # short (a signal, a cut file): go on
+                preadv_exact(fd, view, offset, path, flags)
+            return view
         finally:
-            os.close(fd)
+            self.fds.release(entry)
 
     @staticmethod
     def crc_of(path: str, length: int) -> int:
@@ -179,6 +288,8 @@ class VersionFiles:
 
 
 def unlink_quietly(path: str) -> None:
+    for cache in list(_caches):  # a cached descriptor must not keep a removed version alive
+        cache.forget(path)
     try:
         os.unlink(path)
     except FileNotFoundError:

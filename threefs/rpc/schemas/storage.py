@@ -69,6 +69,29 @@ class BatchReadRsp(msgspec.Struct):
     results: list[ReadResult]
 
 
+# -- packed batch reads (storage.read_packed): one record per IO, no msgspec object per IO ----------
+# IO record, little-endian, 36 bytes: chain_id u32 | target_id u32 | chunk_id 16 B | offset u64 | length u32
+READ_IO_FORMAT = "<II16sQI"
+READ_IO_BYTES = 36
+# result record, little-endian, 24 bytes: status u32 | length u32 | commit_ver u64 | chunk_crc u32 | data_crc u32
+# (status 0 = ok, else a StatusCode; length = bytes of this IO in the payload; the crcs as in ReadResult)
+READ_RESULT_FORMAT = "<IIQII"
+READ_RESULT_BYTES = 24
+
+
+class PackedReadReq(msgspec.Struct):
+    ios: bytes  # n IO records (READ_IO_FORMAT)
+    allow_uncommitted: bool = False
+    request_to_send: bool = False
+
+
+class PackedReadRsp(msgspec.Struct):
+    # payload: IO k's bytes start at slot k = sum over j < k of align_up(requested length of IO j, 64):
+    # fixed by the request (so IOs can be served in any order), trimmed after the last byte sent.
+    results: bytes  # n result records (READ_RESULT_FORMAT), in request order
+    messages: dict[int, str] = {}  # IO index -> error message, for IOs whose status is not 0
+
+
 class RemoveRangeReq(msgspec.Struct):
     chain_id: int
     chain_ver: int
