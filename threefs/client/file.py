@@ -169,15 +169,17 @@ class _Handle:
     def _publish_length(self, end_session: bool) -> None:
         """Tell meta the length we wrote up to (valid for the truncate version we know), and end
         the write session if asked."""
-        aio, inode, session = self._client.aio, self._attr.inode, self._session
+        client, inode, session = self._client, self._attr.inode, self._session
         hint = self._written_end
         if hint >= 0 and (self._truncated or not end_session):
-            self._attr = self._client.run(aio.sync_file(inode, session, hint, self._attr.truncate_ver))
+            self._attr = client._sync_file(inode, session, hint, self._attr.truncate_ver)
             hint = -1
-        if end_session and session:
-            self._attr = self._client.run(aio.close_file(inode, session, hint))
+        if end_session and session and hint < 0:  # nothing (more) to publish: only the session ends
+            client._end_session_later(inode, session)
+        elif end_session and session:
+            self._attr = client._close_file(inode, session, hint)
         elif end_session and hint >= 0:  # written without a session (cannot happen via open())
-            self._attr = self._client.run(aio.sync_file(inode, "", hint, self._attr.truncate_ver))
+            self._attr = client._sync_file(inode, "", hint, self._attr.truncate_ver)
 
 
 class RawFile(_Handle, io.RawIOBase):
