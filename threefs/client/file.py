@@ -260,6 +260,7 @@ class File(_Handle, io.BufferedIOBase):
         self._advancing: concurrent.futures.Future | None = None  # the last advance sent to the loop
         self._to_release: list[Held] = []  # held segments to give back at the next hop
         self._stale = False  # written since the last read: what was prefetched is dropped first
+        self._hopped = False  # [meta] the engine ran on the loop for this file (else close needs no hop)
 
     # -- plumbing --------------------------------------------------------------------------------
     def _hop(self, coro, what: str):
@@ -268,6 +269,7 @@ class File(_Handle, io.BufferedIOBase):
         if lt is None:
             coro.close()
             raise status_error(StatusCode.INVALID_ARGUMENT, "client is closed")
+        self._hopped = True
         return _result(lt.submit(coro), what)
 
     def _let_go_of_held(self) -> None:
@@ -490,7 +492,8 @@ class File(_Handle, io.BufferedIOBase):
         try:
             err = None
             try:
-                self._hop(self._close_step(), "closing")
+                if self._hopped or self._written_end >= 0:  # [meta] else the engine holds nothing
+                    self._hop(self._close_step(), "closing")
             except BaseException as e:
                 err = e
             self._publish_length(end_session=True)  # only acknowledged bytes if a write failed
