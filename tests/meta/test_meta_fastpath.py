@@ -234,6 +234,7 @@ def test_calls_survive_a_meta_restart_and_fail_over(private_cluster):
         for i in range(8):
             assert fs.stat(f"/r/a{i}").length == 0
         c.kill("meta-2")
+        _wait(lambda: _answers(fs, "/r/a0"), "a call failing over to meta-1", 60)  # routing converges
         for i in range(8):
             fs.remove(f"/r/a{i}")
             with pytest.raises(FileNotFoundError):
@@ -241,6 +242,16 @@ def test_calls_survive_a_meta_restart_and_fail_over(private_cluster):
         assert fs.listdir("/r") == []
     finally:
         fs.close()
+
+
+def _answers(fs, path: str) -> bool:
+    try:
+        fs.stat(path)
+        return True
+    except ThreeFSError as e:
+        if e.code != StatusCode.UNAVAILABLE:
+            raise
+        return False
 
 
 def _listening(addr: str) -> bool:
