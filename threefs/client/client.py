@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import io
 import logging
 import os
@@ -129,10 +130,14 @@ class Client:
             return
         if self._loop is not None:
             try:
-                try:
-                    self._flush_closes()
-                except ThreeFSError as e:  # the sessions end when meta prunes this client's sessions
-                    log.warning("could not end %s", e)
+                with self._deferred_lock:
+                    refs, self._deferred = self._deferred, []
+                if refs:  # bounded like the rest of close: a cluster that is gone must not hold up exit
+                    try:
+                        self._loop.run(self._end_sessions_now(refs), timeout if timeout is not None else 10)
+                    except (ThreeFSError, TimeoutError, concurrent.futures.TimeoutError) as e:
+                        # they end when meta prunes the sessions of this client (docs/meta.md)
+                        log.warning("could not end %d write sessions: %s", len(refs), e)
                 if self._sync is not None:
                     self._sync.close()
                 self._loop.run(self.aio.close(), timeout)
@@ -177,14 +182,14 @@ class Client:
             self._loop.loop.call_soon_threadsafe(self._arm_flush)
 
     def _arm_flush(self) -> None:  # on the loop
-        self._loop.loop.call_later(DEFERRED_CLOSE_S, self._flush_on_loop)
+        asyncio.get_running_loop().call_later(DEFERRED_CLOSE_S, self._flush_on_loop)
 
     def _flush_on_loop(self) -> None:  # on the loop
         with self._deferred_lock:
             self._deferred_armed = False
             refs, self._deferred = self._deferred, []
         if refs:
-            task = asyncio.ensure_future(self._end_sessions(refs, on_loop=True))
+            task = asyncio.ensure_future(self._end_sessions(refs))
             task.add_done_callback(_quiet)
 
     def _flush_closes(self) -> None:
@@ -203,16 +208,19 @@ class Client:
             for r in refs:  # a meta server older than close_many
                 self._close_file(r.inode, r.session, -1)
 
-    async def _end_sessions(self, refs: list[m.SessionRef], on_loop: bool) -> None:
+    async def _end_sessions_now(self, refs: list[m.SessionRef]) -> None:
         aio = self._aio
         try:
-            try:
-                await aio.meta_call("close_many", m.CloseManyReq(refs), m.OkRsp)
-            except ThreeFSError as e:
-                if e.code != StatusCode.UNKNOWN_METHOD:
-                    raise
-                for r in refs:
-                    await aio.close_file(r.inode, r.session, -1)
+            await aio.meta_call("close_many", m.CloseManyReq(refs), m.OkRsp)
+        except ThreeFSError as e:
+            if e.code != StatusCode.UNKNOWN_METHOD:
+                raise
+            for r in refs:  # a meta server older than close_many
+                await aio.close_file(r.inode, r.session, -1)
+
+    async def _end_sessions(self, refs: list[m.SessionRef]) -> None:
+        try:
+            await self._end_sessions_now(refs)
         except ThreeFSError as e:
             if e.code in (StatusCode.UNAVAILABLE, StatusCode.TIMEOUT):  # try again with the next batch
                 with self._deferred_lock:
