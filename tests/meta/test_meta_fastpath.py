@@ -107,6 +107,63 @@ def test_sqlite_read_cache_keeps_conflicts(tmp_path):
     run(main())
 
 
+def test_sqlite_read_cache_matches_a_model_under_two_writers(tmp_path, rng):
+    """Seeded: two engines on one file set, clear and clear ranges of a few keys in random order and read
+    them back; every read equals a plain dict's answer, and a key nobody wrote since stays cached."""
+    url = f"sqlite:///{tmp_path}/kv.db"
+    keys = [b"k%02d" % i for i in range(12)]
+
+    async def main():
+        engines = [await open_engine(url), await open_engine(url)]
+        model: dict[bytes, bytes] = {}
+        try:
+            for step in range(400):
+                eng = engines[rng.randrange(2)]
+                op = rng.random()
+                if op < 0.35:
+                    key, value = rng.choice(keys), b"v%d" % step
+
+                    async def put(tr, key=key, value=value):
+                        tr.set(key, value)
+                    await eng.run(put)
+                    model[key] = value
+                elif op < 0.45:
+                    key = rng.choice(keys)
+
+                    async def drop(tr, key=key):
+                        tr.clear(key)
+                    await eng.run(drop)
+                    model.pop(key, None)
+                elif op < 0.5:
+                    a, b = sorted(rng.sample(keys, 2))
+
+                    async def drop_range(tr, a=a, b=b):
+                        tr.clear_range(a, b)
+                    await eng.run(drop_range)
+                    for k in [k for k in model if a <= k < b]:
+                        del model[k]
+                else:
+                    key = rng.choice(keys)
+                    got = await eng.run(lambda tr, key=key: tr.get(key, snapshot=rng.random() < 0.5))
+                    assert got == model.get(key), (step, key)
+            statements = [0]
+            a, b = engines
+            await a.run(lambda tr: tr.get(keys[0]))  # cached by a
+
+            async def other(tr):
+                tr.set(keys[1], b"x")
+            await b.run(other)
+            a._conn.set_trace_callback(lambda q: statements.__setitem__(0, statements[0] + 1))
+            assert await a.run(lambda tr: tr.get(keys[0])) == model.get(keys[0])
+            assert statements[0] == 1  # the read version only: b's commit did not touch keys[0]
+            assert await a.run(lambda tr: tr.get(keys[1])) == b"x"
+        finally:
+            for e in engines:
+                await e.close()
+
+    run(main())
+
+
 # -- ending untouched sessions in a batch (MetaStore) ---------------------------------------------------------
 
 

@@ -29,8 +29,10 @@ returned commit survives power loss too, for the price of one fsync per commit.
 
 Read cache (exact). Each engine remembers the values it read at the newest version it knows of (`_cache_version`)
 and answers a read at exactly that version from memory: MVCC makes the value of a key at a version immutable,
-and a transaction whose read version equals the cache's reads the same snapshot. A read version that moved on
-(another process or connection committed) empties the cache first. Our own commit, made when no other commit
+and a transaction whose read version equals the cache's reads the same snapshot. When the read version moved
+on (another process or connection committed), the same statement that reads it returns the write ranges those
+commits logged, and only the keys they wrote are forgotten (all of them if the log was already pruned past
+the cache's version). Our own commit, made when no other commit
 came between the cache's version and it, moves the cache to the new version with its writes applied (a
 clear_range empties it instead). So a stat storm costs one statement per transaction (its read version), and a
 burst of creates in one directory reads the directory's records from memory. Conflict tracking is untouched:
@@ -71,7 +73,10 @@ CHECKPOINT_INTERVAL_S = 0.1
 WAL_AUTOCHECKPOINT_PAGES = 10_000
 FORMAT_VERSION = 1  # PRAGMA user_version of the file; bump when the schema changes
 READ_CACHE_KEYS_MAX = 65_536  # values remembered at the newest known version (emptied past this)
+CATCH_UP_COMMITS_MAX = 256  # more commits by others since the cache's version: empty it instead
 _MISS = object()
+_LATEST = ("SELECT meta.version, meta.horizon, write_log.ranges FROM meta LEFT JOIN write_log "
+           "ON write_log.version > ? AND write_log.version <= meta.version LIMIT ?")
 SYNC_MODES = ("normal", "full")
 
 _SCHEMA = (
@@ -200,11 +205,29 @@ class SqliteEngine(KVEngine):
     # -- called by LocalEngineTransaction --------------------------------------------------------------------
     def latest_version(self) -> int:
         with self._connection() as conn:
-            version = conn.execute("SELECT version FROM meta").fetchone()[0]
-            if version != self._cache_version:  # someone committed since: what we remember is of the past
-                self._cache.clear()
-                self._cache_version = version
+            # One statement, so one snapshot: the newest version, the horizon, and what every commit since
+            # the cache's version wrote (none: one row with NULL).
+            since = self._cache_version if self._cache else 1 << 62  # nothing to forget: no log wanted
+            rows = conn.execute(_LATEST, (since, CATCH_UP_COMMITS_MAX + 1)).fetchall()
+            version, horizon = rows[0][0], rows[0][1]
+            if version != self._cache_version:
+                self._catch_up(version, horizon, [blob for _, _, blob in rows if blob is not None])
             return version
+
+    def _catch_up(self, version: int, horizon: int, logged: list[bytes]) -> None:
+        """Others committed since the cache's version (lock held): forget what they wrote, keep the rest."""
+        cache = self._cache
+        if self._cache_version < horizon or len(logged) > CATCH_UP_COMMITS_MAX:
+            cache.clear()  # the log of some of those commits may be gone: start over
+        elif cache:
+            for blob in logged:
+                for begin, end in _RANGES_DECODER.decode(blob):
+                    if end == begin + b"\x00":
+                        cache.pop(begin, None)
+                    else:
+                        for key in [k for k in cache if begin <= k < end]:
+                            del cache[key]
+        self._cache_version = version
 
     def get_at(self, key: bytes, version: int) -> bytes | None:
         with self._lock:  # the hot path: no context manager of our own, the cache checked first
