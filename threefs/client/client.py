@@ -9,8 +9,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import concurrent.futures
 import io
+import logging
 import os
 import threading
 import weakref
@@ -22,9 +25,20 @@ from threefs.client import batch
 from threefs.client.aio import AsyncClient, open_flags
 from threefs.client.file import READ_AHEAD_BYTES_DEFAULT, WRITE_BEHIND_BYTES_DEFAULT, File, RawFile
 from threefs.client.loop import LoopThread
+from threefs.client.meta_sync import NOT_TAKEN, SyncMetaCalls
+from threefs.common import limits
 from threefs.common.config import ClientConfig, find_client_config, load_toml
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.schemas import meta as m
+
+log = logging.getLogger(__name__)
+
+# [meta] Closing a file opened for writing to which nothing was written changes nothing but its write session
+# (length, times and data are as they were), so that close costs no round trip of its own: the session ends
+# in a batch, with others, at most DEFERRED_CLOSE_S later (or once DEFERRED_CLOSES_MAX are waiting, or before
+# this client's next removal, rename or truncate, or when the client closes). See docs/meta.md.
+DEFERRED_CLOSE_S = 0.2
+DEFERRED_CLOSES_MAX = 128
 
 
 class Client:
@@ -37,6 +51,10 @@ class Client:
         self._generation = 0  # bumped when a forked child reconnects
         self._forked = False
         self._reconnect_lock = threading.Lock()
+        self._deferred_lock = threading.Lock()
+        self._deferred: list[m.SessionRef] = []  # [meta] write sessions to end in the next batch
+        self._deferred_armed = False  # a flush is scheduled on the loop
+        self._sync: SyncMetaCalls | None = None
         self._start()
         _clients.add(self)
 
@@ -49,6 +67,7 @@ class Client:
             self._loop.stop()
             self._loop = None
             raise
+        self._sync = SyncMetaCalls(self._aio, self.config.timeout_s)  # [meta] calls from the caller's thread
 
     @property
     def aio(self) -> AsyncClient:
@@ -61,6 +80,8 @@ class Client:
         # never touch them (closing a shared TCP connection's transport could shut it down for the
         # parent). Drop them and reconnect lazily.
         self._reconnect_lock = threading.Lock()
+        self._deferred_lock = threading.Lock()
+        self._deferred, self._deferred_armed = [], False  # the parent's sessions: the parent ends them
         if self._loop is not None:
             self._forked = True
 
@@ -109,6 +130,16 @@ class Client:
             return
         if self._loop is not None:
             try:
+                with self._deferred_lock:
+                    refs, self._deferred = self._deferred, []
+                if refs:  # bounded like the rest of close: a cluster that is gone must not hold up exit
+                    try:
+                        self._loop.run(self._end_sessions_now(refs), timeout if timeout is not None else 10)
+                    except (ThreeFSError, TimeoutError, concurrent.futures.TimeoutError) as e:
+                        # they end when meta prunes the sessions of this client (docs/meta.md)
+                        log.warning("could not end %d write sessions: %s", len(refs), e)
+                if self._sync is not None:
+                    self._sync.close()
                 self._loop.run(self.aio.close(), timeout)
             finally:
                 self._loop.stop()
@@ -120,9 +151,90 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    # -- [meta] the path of a metadata call -----------------------------------------------------
+    def _meta(self, method: str, req, rsp_type):
+        """One meta call from the caller's thread (client/meta_sync.py): no trip through the event loop.
+        Falls back to the loop's connection when the call cannot be made here."""
+        aio = self.aio  # a forked child reconnects here
+        sync, lt = self._sync, self._loop
+        if sync is not None and lt is not None and threading.get_ident() != lt._thread.ident:
+            rsp = sync.call(method, req, rsp_type)
+            if rsp is not NOT_TAKEN:
+                return rsp
+        return self.run(aio.meta_call(method, req, rsp_type))
+
+    def _close_file(self, inode: int, session: str, length_hint: int) -> m.InodeAttr:
+        """End a write session now; length_hint >= 0 has meta measure the length (see aio.close_file)."""
+        return self._meta("close", m.CloseReq(inode, session, length_hint), m.AttrRsp).attr
+
+    def _sync_file(self, inode: int, session: str, length_hint: int, truncate_ver: int) -> m.InodeAttr:
+        return self._meta("sync", m.SyncReq(inode, session, length_hint, truncate_ver), m.AttrRsp).attr
+
+    def _end_session_later(self, inode: int, session: str) -> None:
+        """The close of a file nothing was written to: its session ends in the next batch (module top)."""
+        with self._deferred_lock:
+            self._deferred.append(m.SessionRef(inode, session))
+            n, arm = len(self._deferred), not self._deferred_armed
+            self._deferred_armed = True
+        if n >= DEFERRED_CLOSES_MAX:
+            self._flush_closes()
+        elif arm and self._loop is not None:
+            self._loop.loop.call_soon_threadsafe(self._arm_flush)
+
+    def _arm_flush(self) -> None:  # on the loop
+        asyncio.get_running_loop().call_later(DEFERRED_CLOSE_S, self._flush_on_loop)
+
+    def _flush_on_loop(self) -> None:  # on the loop
+        with self._deferred_lock:
+            self._deferred_armed = False
+            refs, self._deferred = self._deferred, []
+        if refs:
+            task = asyncio.ensure_future(self._end_sessions(refs))
+            task.add_done_callback(_quiet)
+
+    def _flush_closes(self) -> None:
+        """End every deferred session now (from the caller's thread)."""
+        with self._deferred_lock:
+            refs, self._deferred = self._deferred, []
+        if refs and not self._forked:
+            self._end_sessions_sync(refs)
+
+    def _end_sessions_sync(self, refs: list[m.SessionRef]) -> None:
+        try:
+            self._meta("close_many", m.CloseManyReq(refs), m.OkRsp)
+        except ThreeFSError as e:
+            if e.code != StatusCode.UNKNOWN_METHOD:
+                raise
+            for r in refs:  # a meta server older than close_many
+                self._close_file(r.inode, r.session, -1)
+
+    async def _end_sessions_now(self, refs: list[m.SessionRef]) -> None:
+        aio = self._aio
+        try:
+            await aio.meta_call("close_many", m.CloseManyReq(refs), m.OkRsp)
+        except ThreeFSError as e:
+            if e.code != StatusCode.UNKNOWN_METHOD:
+                raise
+            for r in refs:  # a meta server older than close_many
+                await aio.close_file(r.inode, r.session, -1)
+
+    async def _end_sessions(self, refs: list[m.SessionRef]) -> None:
+        try:
+            await self._end_sessions_now(refs)
+        except ThreeFSError as e:
+            if e.code in (StatusCode.UNAVAILABLE, StatusCode.TIMEOUT):  # try again with the next batch
+                with self._deferred_lock:
+                    self._deferred[:0] = refs
+                    arm = not self._deferred_armed
+                    self._deferred_armed = True
+                if arm:
+                    self._arm_flush()
+            else:
+                log.warning("could not end %d write sessions: %s", len(refs), e)
+
     # -- namespace -------------------------------------------------------------------------------
     def stat(self, path: str) -> m.InodeAttr:
-        return self.run(self.aio.stat(path))
+        return self._meta("stat", m.StatReq(path), m.StatRsp).attr
 
     def exists(self, path: str) -> bool:
         try:
@@ -132,43 +244,61 @@ class Client:
             return False
 
     def listdir(self, path: str = "/") -> list[str]:
-        return [e.name for e in self.run(self.aio.listdir(path))]
+        return [e.name for e in self.scandir(path)]
 
     def scandir(self, path: str = "/") -> list[m.DirEntry]:
-        return self.run(self.aio.listdir(path))
+        entries, after = [], ""
+        while True:  # paginated: never asks for more than one page at a time
+            rsp = self._meta("readdir", m.ReaddirReq(path, after, limits.READDIR_PAGE_MAX), m.ReaddirRsp)
+            entries.extend(rsp.entries)
+            if not rsp.more or not rsp.entries:
+                return entries
+            after = rsp.entries[-1].name
 
     def mkdir(self, path: str, mode: int = 0o755, parents: bool = False, exist_ok: bool = False,
               chunk_size: int = 0, stripe: int = 0) -> m.InodeAttr:
         try:
-            return self.run(self.aio.mkdir(path, mode, parents, chunk_size, stripe))
+            return self._meta("mkdir", m.MkdirReq(path, mode, parents, chunk_size, stripe), m.AttrRsp).attr
         except FileExistsError:
             if exist_ok and self.stat(path).type == m.DIRECTORY:
                 return self.stat(path)
             raise
 
     def remove(self, path: str) -> None:
-        self.run(self.aio.remove(path))
+        self._flush_closes()  # an unlinked file's GC waits for its sessions: end ours first
+        self._meta("unlink", m.PathReq(path), m.OkRsp)
 
     unlink = remove
 
     def rmdir(self, path: str) -> None:
-        self.run(self.aio.rmdir(path))
+        self._flush_closes()
+        self._meta("rmdir", m.PathReq(path), m.OkRsp)
 
     def rename(self, src: str, dst: str, noreplace: bool = False) -> None:
-        self.run(self.aio.rename(src, dst, noreplace))
+        self._flush_closes()
+        self._meta("rename", m.RenameReq(src, dst, noreplace), m.OkRsp)
 
     def truncate(self, path: str, length: int) -> m.InodeAttr:
-        return self.run(self.aio.truncate(path, length))
+        self._flush_closes()  # a file without writers needs no removal on storage when it grows
+        return self._meta("truncate", m.TruncateReq(path, length), m.AttrRsp).attr
 
     # -- [meta] more of POSIX --------------------------------------------------------------------
     def lstat(self, path: str) -> m.InodeAttr:
         """Attributes of `path` itself (a final symlink is not followed)."""
-        return self.run(self.aio.lstat(path))
+        return self._meta("stat", m.StatReq(path, False), m.StatRsp).attr
 
     def batch_stat(self, paths: list[str], follow: bool = True) -> list:
         """stat (lstat with follow=False) of many paths, one meta call per limits.BATCH_STAT_MAX of them;
         each item is an InodeAttr or the error for that path."""
-        return self.run(self.aio.batch_stat(list(paths), follow)) if paths else []
+        paths = list(paths)
+        if not paths:
+            return []
+        if len(paths) > limits.BATCH_STAT_MAX:  # several calls at once, through the loop
+            return self.run(self.aio.batch_stat(paths, follow))
+        req = m.BatchStatReq([m.PathAt(m.NO_PARENT, p) for p in paths], follow)
+        rsp = self._meta("batch_stat", req, m.BatchStatRsp)
+        return [a if a is not None else status_error(code, msg)
+                for a, code, msg in zip(rsp.attrs, rsp.errors, rsp.messages)]
 
     def disk_usage(self, path: str) -> tuple[int, int, int]:
         """(bytes, files, directories) under `path` (`du`), counting apparent file lengths."""
@@ -192,33 +322,34 @@ class Client:
 
     def remove_tree(self, path: str) -> None:
         """`rm -r`: the tree leaves the namespace at once (one transaction); GC removes its files."""
-        self.run(self.aio.remove(path, recursive=True))
+        self._flush_closes()
+        self._meta("remove", m.RemoveReq(path, recursive=True), m.OkRsp)
 
     def symlink(self, target: str, path: str) -> m.InodeAttr:
         """Create `path` as a symlink to `target` (os.symlink's argument order)."""
-        return self.run(self.aio.symlink(target, path))
+        return self._meta("symlink", m.SymlinkReq(path, target), m.AttrRsp).attr
 
     def readlink(self, path: str) -> str:
-        return self.run(self.aio.readlink(path))
+        return self._meta("readlink", m.StatReq(path, False), m.ReadlinkRsp).target
 
     def link(self, src: str, dst: str) -> m.InodeAttr:
         """A hard link: `dst` becomes another name of the file `src`."""
-        return self.run(self.aio.link(src, dst))
+        return self._meta("link", m.LinkReq(src, dst), m.AttrRsp).attr
 
     def chmod(self, path: str, mode: int) -> m.InodeAttr:
-        return self.run(self.aio.setattr(path, mode=mode))
+        return self._meta("setattr", m.SetattrReq(path, mode=mode), m.AttrRsp).attr
 
     def chown(self, path: str, uid: int | None = None, gid: int | None = None) -> m.InodeAttr:
-        return self.run(self.aio.setattr(path, uid=uid, gid=gid))
+        return self._meta("setattr", m.SetattrReq(path, uid=uid, gid=gid), m.AttrRsp).attr
 
     def utime(self, path: str, ns: tuple[int, int] | None = None) -> m.InodeAttr:
         """Set (atime_ns, mtime_ns), or both to now (os.utime's convention, in nanoseconds)."""
         atime, mtime = ns if ns is not None else (m.UTIME_NOW, m.UTIME_NOW)
-        return self.run(self.aio.setattr(path, atime_ns=atime, mtime_ns=mtime))
+        return self._meta("setattr", m.SetattrReq(path, atime_ns=atime, mtime_ns=mtime), m.AttrRsp).attr
 
     def statfs(self) -> m.StatfsRsp:
         """Capacity, used and free bytes (of file data: one replica's worth)."""
-        return self.run(self.aio.statfs())
+        return self._meta("statfs", m.StatfsReq(), m.StatfsRsp)
 
     # -- files -----------------------------------------------------------------------------------
     def open(self, path: str, mode: str = "rb", buffering: int = -1, *, chunk_size: int = 0,
@@ -232,10 +363,12 @@ class Client:
             raise status_error(StatusCode.INVALID_ARGUMENT, "text mode needs buffering (buffering=0 is "
                                "binary only)")
         flags, readable, writable = open_flags(mode.replace("t", "") + ("b" if text else ""))
-        rsp = self.run(self.aio.open(path, flags, perm, chunk_size, stripe))
+        if flags & os.O_TRUNC:
+            self._flush_closes()  # truncating a file that has no writers needs no removal past its end
+        rsp = self._meta("open", m.OpenReq(path, flags, perm, chunk_size, stripe), m.OpenRsp)
         if rsp.attr.type == m.DIRECTORY:
             if rsp.session:
-                self.run(self.aio.close_file(rsp.attr.inode, rsp.session, -1))
+                self._close_file(rsp.attr.inode, rsp.session, -1)
             raise status_error(StatusCode.IS_DIRECTORY, f"{path} is a directory")
         if buffering == 0:
             return RawFile(self, path, rsp, flags, readable, writable)
@@ -341,6 +474,11 @@ def _close_at_exit() -> None:
             c.close(timeout=5)  # never hang the exit on a peer that does not answer
         except Exception:  # exiting anyway: a peer that is gone must not turn exit into an error
             pass
+
+
+def _quiet(task) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved (logged where it happened)
 
 
 def _check_results(results: list, raise_on_error: bool) -> list:

@@ -169,15 +169,17 @@ class _Handle:
     def _publish_length(self, end_session: bool) -> None:
         """Tell meta the length we wrote up to (valid for the truncate version we know), and end
         the write session if asked."""
-        aio, inode, session = self._client.aio, self._attr.inode, self._session
+        client, inode, session = self._client, self._attr.inode, self._session
         hint = self._written_end
         if hint >= 0 and (self._truncated or not end_session):
-            self._attr = self._client.run(aio.sync_file(inode, session, hint, self._attr.truncate_ver))
+            self._attr = client._sync_file(inode, session, hint, self._attr.truncate_ver)
             hint = -1
-        if end_session and session:
-            self._attr = self._client.run(aio.close_file(inode, session, hint))
+        if end_session and session and hint < 0:  # nothing (more) to publish: only the session ends
+            client._end_session_later(inode, session)
+        elif end_session and session:
+            self._attr = client._close_file(inode, session, hint)
         elif end_session and hint >= 0:  # written without a session (cannot happen via open())
-            self._attr = self._client.run(aio.sync_file(inode, "", hint, self._attr.truncate_ver))
+            self._attr = client._sync_file(inode, "", hint, self._attr.truncate_ver)
 
 
 class RawFile(_Handle, io.RawIOBase):
@@ -258,6 +260,7 @@ class File(_Handle, io.BufferedIOBase):
         self._advancing: concurrent.futures.Future | None = None  # the last advance sent to the loop
         self._to_release: list[Held] = []  # held segments to give back at the next hop
         self._stale = False  # written since the last read: what was prefetched is dropped first
+        self._hopped = False  # [meta] the engine ran on the loop for this file (else close needs no hop)
 
     # -- plumbing --------------------------------------------------------------------------------
     def _hop(self, coro, what: str):
@@ -266,6 +269,7 @@ class File(_Handle, io.BufferedIOBase):
         if lt is None:
             coro.close()
             raise status_error(StatusCode.INVALID_ARGUMENT, "client is closed")
+        self._hopped = True
         return _result(lt.submit(coro), what)
 
     def _let_go_of_held(self) -> None:
@@ -488,7 +492,8 @@ class File(_Handle, io.BufferedIOBase):
         try:
             err = None
             try:
-                self._hop(self._close_step(), "closing")
+                if self._hopped or self._written_end >= 0:  # [meta] else the engine holds nothing
+                    self._hop(self._close_step(), "closing")
             except BaseException as e:
                 err = e
             self._publish_length(end_session=True)  # only acknowledged bytes if a write failed

@@ -27,6 +27,17 @@ of any process (kill -9): the commit is in the WAL, in the OS page cache. A powe
 the file but may lose the last commits. `?sync=full` (synchronous=FULL) fsyncs the WAL at every commit, so a
 returned commit survives power loss too, for the price of one fsync per commit.
 
+Read cache (exact). Each engine remembers the values it read at the newest version it knows of (`_cache_version`)
+and answers a read at exactly that version from memory: MVCC makes the value of a key at a version immutable,
+and a transaction whose read version equals the cache's reads the same snapshot. When the read version moved
+on (another process or connection committed), the same statement that reads it returns the write ranges those
+commits logged, and only the keys they wrote are forgotten (all of them if the log was already pruned past
+the cache's version). Our own commit, made when no other commit
+came between the cache's version and it, moves the cache to the new version with its writes applied (a
+clear_range empties it instead). So a stat storm costs one statement per transaction (its read version), and a
+burst of creates in one directory reads the directory's records from memory. Conflict tracking is untouched:
+reads are recorded by the transaction before they reach the engine, and checked against the write log at commit.
+
 SQLite calls block, and they run directly inside the async methods: a local statement takes microseconds and a
 commit one WAL append, cheaper than a hop to a thread. Only waiting for another process's write lock (bounded by
 BUSY_TIMEOUT_S; commits are short, so waits are too) blocks the event loop for longer.
@@ -61,6 +72,11 @@ GC_COMMITS_PER_PASS_MAX = 1000  # bounds the extra latency of the commit that ru
 CHECKPOINT_INTERVAL_S = 0.1
 WAL_AUTOCHECKPOINT_PAGES = 10_000
 FORMAT_VERSION = 1  # PRAGMA user_version of the file; bump when the schema changes
+READ_CACHE_KEYS_MAX = 65_536  # values remembered at the newest known version (emptied past this)
+CATCH_UP_COMMITS_MAX = 256  # more commits by others since the cache's version: empty it instead
+_MISS = object()
+_LATEST = ("SELECT meta.version, meta.horizon, write_log.ranges FROM meta LEFT JOIN write_log "
+           "ON write_log.version > ? AND write_log.version <= meta.version LIMIT ?")
 SYNC_MODES = ("normal", "full")
 
 _SCHEMA = (
@@ -119,6 +135,8 @@ class SqliteEngine(KVEngine):
         self._lock = threading.Lock()  # one connection, shared by every transaction of this engine
         self._gc_next_s = 0.0
         self._conn: sqlite3.Connection | None = None
+        self._cache: dict[bytes, bytes | None] = {}  # key -> value at _cache_version (see module docstring)
+        self._cache_version = -1
         try:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             self._conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
@@ -187,12 +205,49 @@ class SqliteEngine(KVEngine):
     # -- called by LocalEngineTransaction --------------------------------------------------------------------
     def latest_version(self) -> int:
         with self._connection() as conn:
-            return conn.execute("SELECT version FROM meta").fetchone()[0]
+            # One statement, so one snapshot: the newest version, the horizon, and what every commit since
+            # the cache's version wrote (none: one row with NULL).
+            since = self._cache_version if self._cache else 1 << 62  # nothing to forget: no log wanted
+            rows = conn.execute(_LATEST, (since, CATCH_UP_COMMITS_MAX + 1)).fetchall()
+            version, horizon = rows[0][0], rows[0][1]
+            if version != self._cache_version:
+                self._catch_up(version, horizon, [blob for _, _, blob in rows if blob is not None])
+            return version
+
+    def _catch_up(self, version: int, horizon: int, logged: list[bytes]) -> None:
+        """Others committed since the cache's version (lock held): forget what they wrote, keep the rest."""
+        cache = self._cache
+        if self._cache_version < horizon or len(logged) > CATCH_UP_COMMITS_MAX:
+            cache.clear()  # the log of some of those commits may be gone: start over
+        elif cache:
+            for blob in logged:
+                for begin, end in _RANGES_DECODER.decode(blob):
+                    if end == begin + b"\x00":
+                        cache.pop(begin, None)
+                    else:
+                        for key in [k for k in cache if begin <= k < end]:
+                            del cache[key]
+        self._cache_version = version
 
     def get_at(self, key: bytes, version: int) -> bytes | None:
-        with self._connection() as conn:
-            horizon, value = conn.execute(_GET, (key, version)).fetchone()
+        with self._lock:  # the hot path: no context manager of our own, the cache checked first
+            cached = version == self._cache_version
+            if cached:
+                value = self._cache.get(key, _MISS)
+                if value is not _MISS:
+                    return value
+            conn = self._conn
+            if conn is None:
+                raise status_error(StatusCode.KV_ERROR, f"SQLite KV {self.path} is closed")
+            try:
+                horizon, value = conn.execute(_GET, (key, version)).fetchone()
+            except sqlite3.Error as exc:
+                raise status_error(StatusCode.KV_ERROR, f"SQLite KV {self.path}: {exc}") from exc
             self._check_horizon(version, horizon)
+            if cached:
+                if len(self._cache) >= READ_CACHE_KEYS_MAX:
+                    self._cache.clear()
+                self._cache[key] = value
             return value
 
     def range_at(self, begin: bytes, end: bytes, version: int, limit: int, reverse: bool) -> list[tuple[bytes, bytes]]:
@@ -215,7 +270,8 @@ class SqliteEngine(KVEngine):
                 last, horizon = conn.execute("SELECT version, horizon FROM meta").fetchone()
                 if read_version is not None:
                     self._check_horizon(read_version, horizon)  # below it, needed log entries may be gone
-                    self._check_conflicts(conn, read_version, reads)
+                    if read_version != last:  # else nothing committed since our snapshot: no conflict
+                        self._check_conflicts(conn, read_version, reads)
                 version = max(last + 1, int(self.clock() * 1_000_000))
                 self._apply(conn, version, writes)
                 conn.execute("UPDATE meta SET version = ?", (version,))
@@ -227,7 +283,18 @@ class SqliteEngine(KVEngine):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+            self._advance_cache(last, version, writes)
             return version
+
+    def _advance_cache(self, last: int, version: int, writes: WriteBuffer) -> None:
+        """After our commit at `version` (lock held): the cache, if it was of `last` (the version just before
+        ours), becomes the cache of `version` with our writes applied; else it starts empty at `version`."""
+        cache = self._cache
+        if last != self._cache_version or writes.cleared or len(cache) + len(writes.ops) > READ_CACHE_KEYS_MAX:
+            cache.clear()
+        else:
+            cache.update(writes.ops)  # a value, or None for a cleared key
+        self._cache_version = version
 
     # -- internals (lock held) ------------------------------------------------------------------------------
     def _check_horizon(self, version: int, horizon: int) -> None:

@@ -283,6 +283,27 @@ async def update_length(
     return schema.to_attr(inode_id, inode)
 
 
+async def end_sessions(tr: Transaction, items: list[tuple[int, str]], client_id: str) -> int:
+    """End write sessions nothing was written through (close with no length hint): only the session
+    records go; the inodes are neither read nor changed. A session of another client, or one already
+    gone, is skipped. Returns the number ended."""
+    ended = 0
+    for inode_id, session in items:
+        if len(session) > SESSION_ID_CHARS_MAX or not session:
+            raise status_error(StatusCode.INVALID_ARGUMENT, f"session id {session[:80]!r} must be 1 to "
+                               f"{SESSION_ID_CHARS_MAX} chars")
+        key = schema.session_key(inode_id, session)
+        raw = await tr.get(key)
+        if raw is None:
+            continue
+        record = schema.decode_session(raw)
+        if client_id and record.client_id and record.client_id != client_id:
+            continue
+        tr.clear(key)
+        ended += 1
+    return ended
+
+
 def _new_length(inode: Inode, record: schema.WriteSession | None, update: LengthUpdate, inode_id: int) -> int:
     length = inode.length
     if update.exact_end is not None:

@@ -276,6 +276,13 @@ class MetaService(KvstoreRpcs):
             return m.AttrRsp(await self.store.sync(req.inode, req.session, update, ctx.client_id, True))
         return m.AttrRsp(await self.data.sync_exact(req.inode, req.session, update, ctx.client_id, True))
 
+    @rpc(m.CloseManyReq)
+    async def close_many(self, ctx: CallContext, req: m.CloseManyReq) -> m.OkRsp:
+        """[meta] The closes of files nothing was written to, batched by the client (one transaction)."""
+        self._caller(ctx, req)
+        await self.store.end_sessions([(i.inode, i.session) for i in req.items], ctx.client_id)
+        return m.OkRsp()
+
     @rpc(m.SyncReq)
     async def sync(self, ctx: CallContext, req: m.SyncReq) -> m.AttrRsp:
         """A writer's periodic length hint (lazy), or fsync (exact, from storage)."""

@@ -43,7 +43,7 @@ from threefs.meta.ops_create import CreateEnv
 from threefs.meta.paths import ParsedPath, parse_path
 from threefs.meta.schema import GcEntry, Inode
 from threefs.meta.users import ROOT
-from threefs.rpc.schemas.meta import NO_PARENT, DirEntry, InodeAttr, OpenRsp, UserCred
+from threefs.rpc.schemas.meta import CLOSE_MANY_MAX, NO_PARENT, DirEntry, InodeAttr, OpenRsp, UserCred
 
 T = TypeVar("T")
 
@@ -365,6 +365,16 @@ class MetaStore:
         now_ns = self._clock_ns()
         return await self._run(lambda tr: ops_attr.update_length(
             tr, inode, session, client_id, update, now_ns, end_session))
+
+    async def end_sessions(self, items: list[tuple[int, str]], client_id: str = "") -> int:
+        """The closes of files nothing was written to, in one transaction: their sessions end, nothing else
+        changes (close() with length_hint -1 reads and keeps the inode as it is). Returns how many ended."""
+        if len(items) > CLOSE_MANY_MAX:
+            raise status_error(StatusCode.INVALID_ARGUMENT, f"{len(items)} sessions in one call exceed "
+                               f"{CLOSE_MANY_MAX}")
+        for inode, _ in items:
+            check_inode_id(inode)
+        return await self._run(lambda tr: ops_attr.end_sessions(tr, items, client_id))
 
     async def file_state(self, inode: int) -> Inode:
         """A file's record as of now (a snapshot): its layout and truncate version, to measure its length."""

@@ -78,9 +78,16 @@ class ServerConnection(FramedProtocol):
         self._grants: dict[int, asyncio.Future] = {}  # request id -> the caller's transmission grant
         self._hello_seen = False
         self._hello_timer: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+        self._peer = "?"
+
+    @property
+    def peer(self) -> str:  # asked for by every call's context: looked up once per connection
+        return self._peer
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        self._peer = FramedProtocol.peer.fget(self)
         self.server.connections.add(self)
         # An idle unauthenticated connection would hold a socket forever: it must say hello in time.
         self._hello_timer = asyncio.get_running_loop().call_later(limits.HELLO_TIMEOUT_S, self._hello_late)
@@ -150,7 +157,7 @@ class ServerConnection(FramedProtocol):
         self._spawn(self._dispatch(header, payload))
 
     def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+        task = self._loop.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self._task_done)
 
@@ -223,7 +230,7 @@ class ServerConnection(FramedProtocol):
                 lease.release()
 
     async def _handle(self, header: Header, payload: memoryview | None) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         timeout = header.timeout_ms / 1000 if header.timeout_ms > 0 else limits.CALL_TIMEOUT_S_DEFAULT
         started = time.perf_counter()
         try:
@@ -236,7 +243,7 @@ class ServerConnection(FramedProtocol):
                 req = decoder.decode(header.body)
             except (msgspec.DecodeError, msgspec.ValidationError) as e:
                 raise status_error(StatusCode.INVALID_ARGUMENT, f"bad {header.method} request: {e}")
-            ctx = CallContext(header.method, self.peer, self.principal, self.client_id, payload,
+            ctx = CallContext(header.method, self._peer, self.principal, self.client_id, payload,
                               loop.time() + timeout, conn=self, rid=header.rid)
             async with asyncio.timeout(timeout):
                 result = await fn(ctx, req)

@@ -130,6 +130,22 @@ class CloseReq(msgspec.Struct):
     length_hint: int = -1  # end of the highest byte written, -1 = nothing written (no length query)
 
 
+CLOSE_MANY_MAX = 1024  # sessions ended by one CloseManyReq
+
+
+class SessionRef(msgspec.Struct, array_like=True):
+    inode: int
+    session: str
+
+
+class CloseManyReq(msgspec.Struct):
+    """[meta] End write sessions to which nothing was written (the close of a file opened for writing and
+    left untouched): one transaction for all of them, nothing but the sessions changes. Sessions of other
+    clients, and ones already gone, are left alone. At most CLOSE_MANY_MAX."""
+
+    items: list[SessionRef]
+
+
 class SyncReq(msgspec.Struct):
     """While writing: `exact=False` raises the length to `length_hint` (cheap, lazy); `exact=True` (fsync)
     sets it from storage's last chunks. A hint sent with an old `truncate_ver` is ignored, so a hint from
