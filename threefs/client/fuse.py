@@ -53,7 +53,7 @@ TYPE_BITS = {m.FILE: stat.S_IFREG, m.DIRECTORY: stat.S_IFDIR, m.SYMLINK: stat.S_
 SPECIAL_OF_BITS = {stat.S_IFIFO: m.FIFO, stat.S_IFCHR: m.CHARDEV, stat.S_IFBLK: m.BLOCKDEV,
                    stat.S_IFSOCK: m.SOCKET}
 OPEN_FLAGS_PASSED = os.O_ACCMODE | os.O_CREAT | os.O_EXCL | os.O_TRUNC | os.O_APPEND
-READDIR_LOOKUP_BATCH = 64  # entries whose attributes one readdir call fetches concurrently
+READDIR_LOOKUP_BATCH = limits.BATCH_STAT_MAX  # entries whose attributes one meta call fetches (a readdir page)
 STATFS_BLOCK_BYTES = 4096
 READ_POOL_BYTES_MAX = 64 * limits.MiB  # reply buffers kept for reuse (fresh pages fault per 4 KiB)
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 0x01, 0x02, 0x10
