@@ -61,6 +61,7 @@ ZERO_PIECE_BYTES = limits.MiB  # zeros of a punched hole go to storage this many
 KERNEL_CHECKED = m.UserCred(0, 0, kernel_checked=True)  # requests without a caller (fallocate)
 
 
+SMALL_READ_BYTES = 128 * limits.KiB  # smaller requests that do not continue the last one: no read-ahead
 GATE_BATCH_MAX = 64  # reads held for one storage batch at most
 GATE_IDLE_TURNS = 8  # loop turns without a new read joining before the held reads go anyway
 GATE_TURNS_MAX = 256  # loop turns a read is held at most
@@ -91,6 +92,7 @@ class Handle:
     writer: WriteBehind | None
     reader: ReadAhead
     written_end: int = -1  # highest end written through this handle
+    read_end: int = 0  # where the last read request ended (a small read elsewhere is a random read)
     published_end: int = -1  # highest end meta has been told about
     truncated: bool = False  # the session's truncate version is stale: hints go with attr's
 
@@ -457,13 +459,30 @@ class ThreeFSOperations(pyfuse3.Operations):
         self.stats["read_bytes"] += n
         self._reading += 1
         self.stats["reads_inflight_max"] = max(self.stats["reads_inflight_max"], self._reading)
+        random = n < SMALL_READ_BYTES and off != h.read_end and not h.reader.active
+        h.read_end = off + n
         try:
             # pyfuse3 copies the reply to the kernel as soon as this coroutine returns, in this same
             # event loop step; call_soon runs after that step, so buffers are reused only then.
+            if random:  # a small read that continues nothing: read it alone, start no read-ahead
+                self.stats["random_reads"] += 1
+                return await self._read_alone(_with_length(h.attr, length), off, n)
             return await h.reader.read(_with_length(h.attr, length), off, n,
                                        asyncio.get_running_loop().call_soon)
         finally:
             self._reading -= 1
+
+    async def _read_alone(self, attr: m.InodeAttr, off: int, n: int) -> memoryview:
+        lease = self._pool.acquire(n)
+        try:
+            got = await self._reader.read_into(attr, off, lease.view)
+        except asyncio.CancelledError:
+            raise  # the batch it joined may still fill the buffer: never reuse it (the GC frees it)
+        except BaseException:
+            lease.release()
+            raise
+        asyncio.get_running_loop().call_soon(lease.release)
+        return lease.view[:got]
 
     @fuse_errors
     async def write(self, fh, off, buf):
