@@ -67,7 +67,11 @@ t0 = time.perf_counter()
 for p in names:
     os.unlink(p)
 out["unlink"] = n / (time.perf_counter() - t0)
-os.rmdir(d)
+try:
+    os.rmdir(d)
+except OSError as e:
+    left = os.listdir(d)
+    sys.exit(f"rmdir {d} after unlinking all {n} files: {e}; listed now: {left[:10]} ({len(left)})")
 print(json.dumps(out))
 """
 

@@ -16,7 +16,7 @@ open has the length, mtime and truncate version it had when the pages were cache
 nothing to it since; otherwise the kernel drops them, and its cached attributes too (a size changed by
 another client is seen by the next open). No writeback cache by default: with it the kernel never takes
 a regular file's size or mtime from the daemon again while it caches the inode, so another client's
-writes would stay invisible (docs/client.md, "FUSE").
+writes would stay invisible (docs/fuse.md).
 
 Concurrent reads that go to storage wait until the kernel's queue of requests has been taken in (the
 /dev/fuse descriptor is polled), so that an io_depth of 32 becomes one storage batch (ReadCoalescer).
