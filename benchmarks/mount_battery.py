@@ -233,6 +233,29 @@ def gluster_volume(tmp: str):
             glusterd.wait(timeout=10)
 
 
+@contextlib.contextmanager
+def before_mount(cluster, tmp: str, tree: str):
+    """The same cluster mounted by the FUSE daemon of an older checkout (its threefs package first on
+    PYTHONPATH); its top directory is /before on the cluster."""
+    from threefs.client import fuse_mount
+
+    mnt = os.path.join(tmp, "mnt-before")
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.path.abspath(tree) + (os.pathsep + saved if saved else "")
+    try:
+        proc = fuse_mount.spawn(str(cluster.client_config_path), mnt, [], os.path.join(tmp, "fuse-before.log"))
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
+    try:
+        os.makedirs(os.path.join(mnt, "before"), exist_ok=True)
+        yield os.path.join(mnt, "before")
+    finally:
+        fuse_mount.stop(proc, mnt)
+
+
 # -- the run ---------------------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -245,6 +268,9 @@ def main() -> None:
     ap.add_argument("--no-gluster", action="store_true")
     ap.add_argument("--install-gluster", action="store_true", help="apt-get install GlusterFS if missing")
     ap.add_argument("--mount-args", default="", help="extra `threefs mount` options, e.g. '--no-keep-cache'")
+    ap.add_argument("--before-tree", default="",
+                    help="a checkout of an older threefs (e.g. `git archive REV | tar -x -C DIR`): its FUSE "
+                         "daemon mounts the same cluster too, as a 'threefs before' column")
     args = ap.parse_args()
     nbytes = args.mib * MiB
     load_before = open("/proc/loadavg").read().split()[:3]
@@ -266,10 +292,12 @@ def main() -> None:
                     targets["GlusterFS"] = stack.enter_context(gluster_volume(tmp))
                 except Exception as e:
                     gluster_why = f"GlusterFS could not run here: {e}"
-            _, mnt = stack.enter_context(local_cluster(tmp, args.storage, args.replicas, fuse=True,
-                                                       mount_args=args.mount_args.split()))
+            cluster, mnt = stack.enter_context(local_cluster(tmp, args.storage, args.replicas, fuse=True,
+                                                             mount_args=args.mount_args.split()))
             if mnt is None:
                 raise SystemExit("threefs could not mount (FUSE unavailable); nothing to compare")
+            if args.before_tree:
+                targets["threefs before"] = stack.enter_context(before_mount(cluster, tmp, args.before_tree))
             targets["threefs"] = mnt
             results = {name: [] for name in targets}
             for r in range(args.rounds):
@@ -293,6 +321,8 @@ def report(results, gluster_why, args, load_before, load_after, served) -> None:
     if gluster_why:
         print(f"GlusterFS column skipped: {gluster_why}")
     head = f"{'test':<42}" + "".join(f"{n:>14}" for n in names) + f"{'unit':>10}"
+    if "threefs before" in med:
+        head += f"{'after/before':>14}"
     if "GlusterFS" in med:
         head += f"{'threefs/Gluster':>17}{'goal':>7}"
     print(head)
@@ -300,6 +330,8 @@ def report(results, gluster_why, args, load_before, load_after, served) -> None:
         if not all(key in med[n] for n in names):
             continue
         line = f"{label:<42}" + "".join(f"{med[n][key]:>14,.0f}" for n in names) + f"{unit:>10}"
+        if "threefs before" in med:
+            line += f"{med['threefs'][key] / med['threefs before'][key]:>13.2f}x"
         if "GlusterFS" in med:
             ratio = med["threefs"][key] / med["GlusterFS"][key]
             line += f"{ratio:>16.2f}x{'>=' + str(goal):>7} {'met' if ratio >= goal else 'NOT met'}"
