@@ -10,16 +10,18 @@ from threefs.client import fuse_mount
 
 
 @contextlib.contextmanager
-def local_cluster(tmp: str, storage: int, replicas: int, fuse: bool):
-    """A cluster in tmp/cluster and, when `fuse` and FUSE works here, its mount at tmp/mnt.
-    Yields (cluster, mount point or None); unmounts and stops the cluster afterwards."""
+def local_cluster(tmp: str, storage: int, replicas: int, fuse: bool, mount_args: list[str] | None = None):
+    """A cluster in tmp/cluster and, when `fuse` and FUSE works here, its mount at tmp/mnt (with the
+    `threefs mount` options mount_args). Yields (cluster, mount point or None); unmounts and stops the
+    cluster afterwards."""
     cluster = LocalCluster(os.path.join(tmp, "cluster"))
     mnt, proc = None, None
     try:
         cluster.up(storage, replicas)
         if fuse and fuse_mount.fuse_unavailable_reason() is None:
             mnt = os.path.join(tmp, "mnt")
-            proc = fuse_mount.spawn(str(cluster.client_config_path), mnt, [], os.path.join(tmp, "fuse.log"))
+            proc = fuse_mount.spawn(str(cluster.client_config_path), mnt, list(mount_args or []),
+                                    os.path.join(tmp, "fuse.log"))
         elif fuse:
             print(f"FUSE rows skipped: {fuse_mount.fuse_unavailable_reason()}")
         yield cluster, mnt

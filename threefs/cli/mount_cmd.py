@@ -13,16 +13,21 @@ from threefs.common.status import StatusCode, status_error
 def mount_options(args):
     from threefs.client.fuse import MountOptions
 
-    return MountOptions(attr_timeout_s=args.attr_timeout, direct_io=args.direct_io,
-                        writeback_cache=not args.no_writeback, read_ahead_kb=args.read_ahead_kb,
-                        read_ahead_bytes=args.prefetch_mb << 20, allow_other=args.allow_other)
+    return MountOptions(attr_timeout_s=args.attr_timeout, entry_timeout_s=args.entry_timeout,
+                        negative_timeout_s=args.negative_timeout, direct_io=args.direct_io,
+                        writeback_cache=args.writeback and not args.no_writeback,
+                        keep_cache=not args.no_keep_cache, max_background=args.max_background,
+                        read_ahead_kb=args.read_ahead_kb, read_ahead_bytes=args.prefetch_mb << 20,
+                        allow_other=args.allow_other)
 
 
 def mount_args(args) -> list[str]:
     """The options of this `mount` invocation, for the --foreground daemon it spawns."""
-    out = ["--attr-timeout", str(args.attr_timeout), "--read-ahead-kb", str(args.read_ahead_kb),
-           "--prefetch-mb", str(args.prefetch_mb)]
+    out = ["--attr-timeout", str(args.attr_timeout), "--entry-timeout", str(args.entry_timeout),
+           "--negative-timeout", str(args.negative_timeout), "--read-ahead-kb", str(args.read_ahead_kb),
+           "--prefetch-mb", str(args.prefetch_mb), "--max-background", str(args.max_background)]
     out += ["--direct-io"] * args.direct_io + ["--no-writeback"] * args.no_writeback
+    out += ["--writeback"] * args.writeback + ["--no-keep-cache"] * args.no_keep_cache
     return out + ["--allow-other"] * args.allow_other
 
 
@@ -53,11 +58,23 @@ def cmd_umount(args) -> int:
 
 def add_mount_flags(p) -> None:
     p.add_argument("--direct-io", action="store_true", help="bypass the kernel page cache")
-    p.add_argument("--no-writeback", action="store_true", help="no kernel write-back cache")
+    p.add_argument("--writeback", action="store_true",
+                   help="kernel write-back cache (faster small writes; sizes and mtimes other clients "
+                        "change are not seen while the kernel caches the file: one-client use only)")
+    p.add_argument("--no-writeback", action="store_true", help="no kernel write-back cache (the default)")
+    p.add_argument("--no-keep-cache", action="store_true",
+                   help="drop the kernel's cached pages of a file at every open")
+    p.add_argument("--max-background", type=int, default=64,
+                   help="kernel requests in flight in the background (default 64; the kernel's is 12)")
     p.add_argument("--read-ahead-kb", type=int, default=4096, help="kernel read-ahead (default 4096)")
     p.add_argument("--prefetch-mb", type=int, default=16,
                    help="daemon read-ahead per sequentially read file (default 16, 0 = off)")
-    p.add_argument("--attr-timeout", type=float, default=1.0, help="attribute cache seconds (default 1)")
+    p.add_argument("--attr-timeout", type=float, default=30.0,
+                   help="seconds the kernel caches attributes (default 30, as 3FS)")
+    p.add_argument("--entry-timeout", type=float, default=30.0,
+                   help="seconds the kernel caches names (default 30, as 3FS)")
+    p.add_argument("--negative-timeout", type=float, default=5.0,
+                   help="seconds the kernel caches that a name does not exist (default 5, as 3FS; 0 = never)")
     p.add_argument("--allow-other", action="store_true", help="let other users use the mount")
 
 

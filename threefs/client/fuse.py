@@ -9,6 +9,17 @@ buffers and storage; meta is asked only for namespace operations, open and close
 - writes: write-behind per handle (stream.WriteBehind); flush (every close(2)) and fsync
   drain it and publish the length to meta, release ends the write session;
 - errors: every ThreeFSError/OSError becomes its errno; anything else is logged and becomes EIO.
+
+The kernel's page cache holds file data across opens with close-to-open consistency (as NFS and 3FS's
+FUSE client): an open keeps the pages cached (FOPEN_KEEP_CACHE) only when the file meta reports at that
+open has the length, mtime and truncate version it had when the pages were cached, and this daemon wrote
+nothing to it since; otherwise the kernel drops them, and its cached attributes too (a size changed by
+another client is seen by the next open). No writeback cache by default: with it the kernel never takes
+a regular file's size or mtime from the daemon again while it caches the inode, so another client's
+writes would stay invisible (docs/fuse.md).
+
+Concurrent reads that go to storage wait until the kernel's queue of requests has been taken in (the
+/dev/fuse descriptor is polled), so that an io_depth of 32 becomes one storage batch (ReadCoalescer).
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ import functools
 import itertools
 import logging
 import os
+import select
 import stat
 from dataclasses import dataclass, field
 
@@ -41,7 +53,7 @@ TYPE_BITS = {m.FILE: stat.S_IFREG, m.DIRECTORY: stat.S_IFDIR, m.SYMLINK: stat.S_
 SPECIAL_OF_BITS = {stat.S_IFIFO: m.FIFO, stat.S_IFCHR: m.CHARDEV, stat.S_IFBLK: m.BLOCKDEV,
                    stat.S_IFSOCK: m.SOCKET}
 OPEN_FLAGS_PASSED = os.O_ACCMODE | os.O_CREAT | os.O_EXCL | os.O_TRUNC | os.O_APPEND
-READDIR_LOOKUP_BATCH = 64  # entries whose attributes one readdir call fetches concurrently
+READDIR_LOOKUP_BATCH = limits.BATCH_STAT_MAX  # entries whose attributes one meta call fetches (a readdir page)
 STATFS_BLOCK_BYTES = 4096
 READ_POOL_BYTES_MAX = 64 * limits.MiB  # reply buffers kept for reuse (fresh pages fault per 4 KiB)
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 0x01, 0x02, 0x10
@@ -49,11 +61,23 @@ ZERO_PIECE_BYTES = limits.MiB  # zeros of a punched hole go to storage this many
 KERNEL_CHECKED = m.UserCred(0, 0, kernel_checked=True)  # requests without a caller (fallocate)
 
 
+SMALL_READ_BYTES = 128 * limits.KiB  # smaller requests that do not continue the last one: no read-ahead
+GATE_BATCH_MAX = 64  # reads held for one storage batch at most
+GATE_IDLE_TURNS = 8  # loop turns without a new read joining before the held reads go anyway
+GATE_TURNS_MAX = 256  # loop turns a read is held at most
+
+
 @dataclass
 class MountOptions:
-    attr_timeout_s: float = 1.0  # how long the kernel may cache attributes and names
+    # how long the kernel may cache attributes, names and names that do not exist (3FS's FUSE client:
+    # 30 s, 30 s, 5 s); an open always asks meta, so file contents follow close-to-open regardless
+    attr_timeout_s: float = 30.0
+    entry_timeout_s: float = 30.0
+    negative_timeout_s: float = 5.0
     direct_io: bool = False  # bypass the page cache (every read/write reaches the daemon)
-    writeback_cache: bool = True  # the kernel gathers small writes into large ones
+    writeback_cache: bool = False  # the kernel gathers small writes (and owns sizes and mtimes: see above)
+    keep_cache: bool = True  # keep cached pages across opens of an unchanged file (close-to-open)
+    max_background: int = 64  # kernel requests in flight in the background (async direct IO, read-ahead)
     write_behind_bytes: int = 64 * limits.MiB  # per open file
     read_ahead_bytes: int = 16 * limits.MiB  # prefetched per sequentially read open file
     read_ahead_kb: int = 4096  # the mount's bdi read_ahead_kb (FUSE requests are at most 1 MiB)
@@ -68,6 +92,7 @@ class Handle:
     writer: WriteBehind | None
     reader: ReadAhead
     written_end: int = -1  # highest end written through this handle
+    read_end: int = 0  # where the last read request ended (a small read elsewhere is a random read)
     published_end: int = -1  # highest end meta has been told about
     truncated: bool = False  # the session's truncate version is stale: hints go with attr's
 
@@ -121,10 +146,20 @@ class ThreeFSOperations(pyfuse3.Operations):
         self._pool = BufferPool(bytes_max=READ_POOL_BYTES_MAX)
         self._coalescer = ReadCoalescer(aio)
         self._reading = 0
+        self._cached: dict[int, tuple] = {}  # fuse ino -> (length, mtime, truncate version) of its pages
+        self._reported: dict[int, tuple] = {}  # fuse ino -> the same, as last told the kernel
+        self._gate: KernelQueueGate | None = None
+        self._reader = _GatedReader(self)
+        self.negotiated: dict = {}  # what INIT settled (fuse_fallocate.install_init)
         self.stats = collections.Counter()  # logged at unmount
 
     def init(self) -> None:
         self.initialized.set()
+
+    def watch_kernel_queue(self, fd: int) -> None:
+        """Hold concurrent storage reads until the kernel's queued requests are in (fd: /dev/fuse)."""
+        if fd >= 0:
+            self._gate = KernelQueueGate(fd)
 
     # -- attributes ------------------------------------------------------------------------------
     def _length(self, ino: int, length: int) -> int:
@@ -139,7 +174,8 @@ class ThreeFSOperations(pyfuse3.Operations):
         e = pyfuse3.EntryAttributes()
         e.st_ino = to_fuse(attr.inode)
         e.generation = 0
-        e.entry_timeout = e.attr_timeout = self.options.attr_timeout_s
+        e.entry_timeout = self.options.entry_timeout_s
+        e.attr_timeout = self.options.attr_timeout_s
         e.st_mode = TYPE_BITS.get(attr.type, stat.S_IFREG) | (attr.mode & 0o7777)
         e.st_nlink = attr.nlink
         e.st_uid, e.st_gid = attr.uid, attr.gid
@@ -149,6 +185,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         elif attr.type == m.FILE:
             self._meta_length[e.st_ino] = attr.length
             e.st_size = self._length(e.st_ino, attr.length)
+            self._reported[e.st_ino] = (attr.length, attr.mtime_ns, attr.truncate_ver)
         else:
             e.st_size = 0
         e.st_blksize = attr.layout.chunk_size if attr.layout and attr.type == m.FILE else 4096
@@ -167,16 +204,38 @@ class ThreeFSOperations(pyfuse3.Operations):
         user = self.ns.user(ctx)
         if name == ".":
             return self._found(await self.ns.getattr(parent_inode, user))
-        return self._found(await self.ns.lookup(parent_inode, name, user))
+        try:
+            return self._found(await self.ns.lookup(parent_inode, name, user))
+        except FileNotFoundError:
+            if self.options.negative_timeout_s <= 0:
+                raise
+        e = pyfuse3.EntryAttributes()  # st_ino 0: the kernel caches that the name does not exist
+        e.entry_timeout = self.options.negative_timeout_s
+        return e
 
     async def forget(self, inode_list):
         for ino, count in inode_list:
             if self.ns.forget(ino, count):
                 self._meta_length.pop(ino, None)
+                self._cached.pop(ino, None)  # the kernel's inode is gone, and its pages with it
+                self._reported.pop(ino, None)
 
     @fuse_errors
     async def getattr(self, inode, ctx=None):
-        return self.entry(await self.ns.getattr(inode, self.ns.user(ctx)))
+        if not self.enable_writeback_cache:  # the kernel asks us for mtime: publish what was written
+            for h in list(self._handles.values()):
+                if h.ino == inode and h.written_end > h.published_end:
+                    await self._sync(h, end_session=False)
+        return self.entry(await self._stale_if_gone(self.ns.getattr(inode, self.ns.user(ctx))))
+
+    @staticmethod
+    async def _stale_if_gone(call):
+        """An inode the kernel knows but meta no longer has (removed by another client while the kernel
+        cached the name) is ESTALE: the kernel then looks the name up again and retries once."""
+        try:
+            return await call
+        except FileNotFoundError:
+            raise pyfuse3.FUSEError(errno.ESTALE) from None
 
     @fuse_errors
     async def setattr(self, inode, attr, fields, fh, ctx):
@@ -206,6 +265,7 @@ class ThreeFSOperations(pyfuse3.Operations):
                 await h.writer.flush()  # written bytes land before the cut
         attr = await self.ns.setattr(ino, user, length=length)
         self._drop_read_ahead(ino)
+        self._cached.pop(ino, None)
         for h in self._handles.values():
             if h.ino == ino:  # later hints refer to the new truncate version, and never reach past it
                 h.written_end = min(h.written_end, length)
@@ -342,13 +402,40 @@ class ThreeFSOperations(pyfuse3.Operations):
         fh = next(self._fh)
         self._handles[fh] = Handle(ino, rsp.attr, rsp.session, writer,
                                    ReadAhead(self.aio, self._pool, seg, self.options.read_ahead_bytes,
-                                             reader=self._coalescer))
-        return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io, keep_cache=False)
+                                             reader=self._reader))
+        return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io,
+                                keep_cache=self._keep_cache(ino, rsp.attr))
+
+    def _keep_cache(self, ino: int, attr: m.InodeAttr) -> bool:
+        """Close-to-open: whether the kernel may keep the pages it cached of this file. Yes only when the
+        file is as it was when they were cached (length, mtime, truncate version, from the fresh attr of
+        this open) and nothing was written through this daemon since (writes forget the stamp). When not,
+        the kernel drops the pages (FOPEN_KEEP_CACHE unset), and its attributes if they are not the ones
+        of this open (a size another client changed). The pages cached from now on are of this attr."""
+        stamp = (attr.length, attr.mtime_ns, attr.truncate_ver)
+        if self._reported.get(ino, stamp) != stamp:
+            self._reported[ino] = stamp
+            try:
+                pyfuse3.invalidate_inode(ino, attr_only=True)
+                self.stats["attr_invalidations"] += 1
+            except OSError as e:  # ENOENT: the kernel has no inode: nothing cached
+                log.debug("invalidating the attributes of inode %d: %s", ino, e)
+        keep = self.options.keep_cache and not self.options.direct_io and self._cached.get(ino) == stamp
+        self._cached[ino] = stamp
+        self.stats["opens_keep_cache" if keep else "opens_drop_cache"] += 1
+        return keep
 
     @fuse_errors
     async def open(self, inode, flags, ctx):
         flags &= OPEN_FLAGS_PASSED
-        rsp = await self.ns.open(inode, flags, self.ns.user(ctx))
+        rsp = await self._stale_if_gone(self.ns.open(inode, flags, self.ns.user(ctx)))
+        if rsp.attr.nlink == 0 and rsp.attr.type == m.FILE:
+            # unlinked since the kernel cached its name (another client renamed a file over it, or
+            # removed it): ESTALE has the kernel look the name up again, as NFS clients do
+            if rsp.session:
+                await self.ns.close(rsp.attr.inode, rsp.session, -1)
+            self.stats["stale_opens"] += 1
+            raise pyfuse3.FUSEError(errno.ESTALE)
         if rsp.attr.type != m.FILE:
             raise pyfuse3.FUSEError(errno.EISDIR if rsp.attr.type == m.DIRECTORY else errno.EINVAL)
         return self._open_handle(inode, rsp, flags)
@@ -372,13 +459,30 @@ class ThreeFSOperations(pyfuse3.Operations):
         self.stats["read_bytes"] += n
         self._reading += 1
         self.stats["reads_inflight_max"] = max(self.stats["reads_inflight_max"], self._reading)
+        random = n < SMALL_READ_BYTES and off != h.read_end and not h.reader.active
+        h.read_end = off + n
         try:
             # pyfuse3 copies the reply to the kernel as soon as this coroutine returns, in this same
             # event loop step; call_soon runs after that step, so buffers are reused only then.
+            if random:  # a small read that continues nothing: read it alone, start no read-ahead
+                self.stats["random_reads"] += 1
+                return await self._read_alone(_with_length(h.attr, length), off, n)
             return await h.reader.read(_with_length(h.attr, length), off, n,
                                        asyncio.get_running_loop().call_soon)
         finally:
             self._reading -= 1
+
+    async def _read_alone(self, attr: m.InodeAttr, off: int, n: int) -> memoryview:
+        lease = self._pool.acquire(n)
+        try:
+            got = await self._reader.read_into(attr, off, lease.view)
+        except asyncio.CancelledError:
+            raise  # the batch it joined may still fill the buffer: never reuse it (the GC frees it)
+        except BaseException:
+            lease.release()
+            raise
+        asyncio.get_running_loop().call_soon(lease.release)
+        return lease.view[:got]
 
     @fuse_errors
     async def write(self, fh, off, buf):
@@ -388,6 +492,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         if h.writer is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         self._drop_read_ahead(h.ino)
+        self._cached.pop(h.ino, None)  # the next open drops the pages: meta's stamp moves at publish
         await h.writer.write(off, buf)
         h.written_end = max(h.written_end, off + len(buf))
         return len(buf)
@@ -410,6 +515,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         end, size = offset + length, self._length(ino, h.attr.length)
         if kind:
             self._drop_read_ahead(ino)
+            self._cached.pop(ino, None)
             for pos in range(offset, min(end, size), ZERO_PIECE_BYTES):
                 await h.writer.write(pos, bytes(min(ZERO_PIECE_BYTES, min(end, size) - pos)))
             await h.writer.flush()
@@ -473,6 +579,58 @@ class ThreeFSOperations(pyfuse3.Operations):
     @fuse_errors
     async def access(self, inode, mode, ctx):
         return True  # default_permissions: the kernel checks the mode bits itself
+
+
+class KernelQueueGate:
+    """Holds reads bound for storage while the kernel still has requests queued for this daemon, so that
+    concurrent kernel requests (an io_depth of 32) reach storage as one batch. pyfuse3 takes one request
+    per loop turn or so; the gate polls /dev/fuse each turn and lets the held reads go when nothing is
+    queued, when GATE_BATCH_MAX are held, or when no read joined for GATE_IDLE_TURNS turns (what is
+    queued is not a read). A lone read waits one loop turn."""
+
+    def __init__(self, fd: int):
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
+        self._waiters: list[asyncio.Future] = []
+        self._seen = self._idle = self._turns = 0
+        self.batches = self.held = 0
+
+    async def wait(self) -> None:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        if not self._waiters:
+            self._seen = self._idle = self._turns = 0
+            loop.call_soon(self._check)
+        self._waiters.append(fut)
+        await fut
+
+    def _check(self) -> None:
+        n = len(self._waiters)
+        self._idle = 0 if n > self._seen else self._idle + 1
+        self._seen = n
+        self._turns += 1
+        queued = bool(self._poll.poll(0))
+        if queued and n < GATE_BATCH_MAX and self._idle < GATE_IDLE_TURNS and self._turns < GATE_TURNS_MAX:
+            asyncio.get_running_loop().call_soon(self._check)
+            return
+        waiters, self._waiters = self._waiters, []
+        self.batches += 1
+        self.held += len(waiters)
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+
+class _GatedReader:
+    """What ReadAhead reads through: the gate, then the coalescer (one storage batch per gate opening)."""
+
+    def __init__(self, ops: ThreeFSOperations):
+        self._ops = ops
+
+    async def read_into(self, attr: m.InodeAttr, offset: int, dest: memoryview) -> int:
+        if self._ops._gate is not None:
+            await self._ops._gate.wait()
+        return await self._ops._coalescer.read_into(attr, offset, dest)
 
 
 def _with_length(a: m.InodeAttr, length: int) -> m.InodeAttr:

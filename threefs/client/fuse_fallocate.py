@@ -1,5 +1,7 @@
 """fallocate(2) for the FUSE daemon, which pyfuse3 does not pass on (its libfuse operation table leaves the
-slot empty, so the kernel would answer EOPNOTSUPP).
+slot empty, so the kernel would answer EOPNOTSUPP); and the connection limits pyfuse3's INIT handler does
+not let a file system set (`install_init`: max_background, congestion_threshold), and the session's
+/dev/fuse descriptor (`session_fd`).
 
 `install(ops)`, called right after `pyfuse3.init`, fills that slot in the session's copy of the table
 (libfuse dispatches on it per request): a ctypes callback that hands each request to
@@ -29,12 +31,22 @@ OPS_SYMBOL = b"__pyx_v_7pyfuse3_fuse_ops"
 SESSION_SYMBOL = b"__pyx_v_7pyfuse3_session"
 SESSION_SCAN_BYTES = 512  # the operation table sits near the start of libfuse's struct fuse_session
 SLOTS = 42  # the first pointers of struct fuse_lowlevel_ops (libfuse 3.x, fuse_lowlevel.h): up to readdirplus
-SLOT_LOOKUP, SLOT_READDIR, SLOT_WRITE_BUF, SLOT_FALLOCATE, SLOT_READDIRPLUS = 2, 21, 36, 40, 41
+SLOT_INIT, SLOT_LOOKUP, SLOT_READDIR, SLOT_WRITE_BUF, SLOT_FALLOCATE, SLOT_READDIRPLUS = 0, 2, 21, 36, 40, 41
 FILE_INFO_FH_OFFSET = 16  # struct fuse_file_info: int flags, two 32-bit bitfield words, then uint64 fh
 
 FALLOCATE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_int64,
                                 ctypes.c_int64, ctypes.c_void_p)
+INIT_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+PY_INIT_FN = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)  # pyfuse3's handler: keeps the GIL
 _installed: list = []  # the callback must live as long as the session
+
+
+class ConnInfo(ctypes.Structure):
+    """libfuse 3's struct fuse_conn_info (fuse_common.h): what INIT negotiates."""
+
+    _fields_ = [(name, ctypes.c_uint) for name in (
+        "proto_major", "proto_minor", "max_write", "max_read", "max_readahead", "capable", "want",
+        "max_background", "congestion_threshold", "time_gran")] + [("reserved", ctypes.c_uint * 22)]
 
 
 def _symbol_offsets(path: str, names: list[bytes]) -> dict[bytes, int]:
@@ -70,6 +82,9 @@ def _load_base(path: str) -> int | None:
     return None
 
 
+_tables: dict[int, object] = {}  # session pointer -> its table (found once: installing changes its contents)
+
+
 def _ops_table():
     import pyfuse3
 
@@ -85,12 +100,16 @@ def _ops_table():
     session = ctypes.c_void_p.from_address(base + offsets[SESSION_SYMBOL]).value
     if not session:
         return None, "pyfuse3 has no session yet (install after pyfuse3.init)"
+    if session in _tables:
+        return _tables[session], ""
     wanted = ctypes.string_at(ctypes.addressof(table), SLOTS * 8)
     memory = ctypes.string_at(session, SESSION_SCAN_BYTES + len(wanted))
     at = memory.find(wanted)
     if at < 0 or at % 8 or memory.find(wanted, at + 8) >= 0:
         return None, "the operation table's copy in libfuse's session was not found"
-    return (ctypes.c_void_p * SLOTS).from_address(session + at), ""
+    _tables.clear()  # an earlier session's table is gone with it
+    _tables[session] = (ctypes.c_void_p * SLOTS).from_address(session + at)
+    return _tables[session], ""
 
 
 def install(ops) -> bool:
@@ -136,4 +155,61 @@ def install(ops) -> bool:
     fn = FALLOCATE_FN(callback)
     _installed.append((fn, pending))
     table[SLOT_FALLOCATE] = ctypes.cast(fn, ctypes.c_void_p).value
+    return True
+
+
+def _session_pointer() -> int | None:
+    import pyfuse3
+
+    so = pyfuse3.__file__
+    offsets, base = _symbol_offsets(so, [SESSION_SYMBOL]), _load_base(so)
+    if SESSION_SYMBOL not in offsets or base is None:
+        return None
+    return ctypes.c_void_p.from_address(base + offsets[SESSION_SYMBOL]).value or None
+
+
+def session_fd() -> int:
+    """The /dev/fuse descriptor of pyfuse3's session (-1 if it cannot be found)."""
+    try:
+        session = _session_pointer()
+        if session is None:
+            return -1
+        fn = ctypes.CDLL("libfuse3.so.3").fuse_session_fd
+        fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
+        return fn(session)
+    except (OSError, ImportError, struct.error, ValueError) as e:
+        log.warning("the FUSE session's descriptor was not found: %s", e)
+        return -1
+
+
+def install_init(max_background: int, congestion_threshold: int, negotiated: dict) -> bool:
+    """Wrap pyfuse3's INIT handler (call right after pyfuse3.init, before the kernel's INIT arrives): it
+    runs as before, then raises the kernel's limit of background requests (asynchronous direct IO and
+    read-ahead; the kernel's default is 12, which caps an io_depth of 32 at 12 in flight). What was
+    negotiated is copied into `negotiated` (max_write, max_readahead, want, ...)."""
+    try:
+        table, why = _ops_table()
+    except (OSError, ImportError, struct.error, ValueError) as e:
+        table, why = None, str(e)
+    if table is None or not table[SLOT_INIT]:
+        log.warning("the mount keeps the kernel's default request limits: %s", why or "no INIT handler")
+        return False
+    original = PY_INIT_FN(table[SLOT_INIT])
+
+    def callback(userdata, conn):
+        try:
+            original(userdata, conn)
+        finally:
+            try:
+                info = ConnInfo.from_address(conn)
+                if max_background > 0:
+                    info.max_background = max_background
+                    info.congestion_threshold = max(1, min(congestion_threshold, max_background))
+                negotiated.update({name: getattr(info, name) for name, _ in ConnInfo._fields_[:10]})
+            except Exception:  # never raise into libfuse
+                log.exception("tuning the FUSE connection failed")
+
+    fn = INIT_FN(callback)
+    _installed.append((fn, original))
+    table[SLOT_INIT] = ctypes.cast(fn, ctypes.c_void_p).value
     return True

@@ -72,7 +72,8 @@ def is_threefs_mount(mountpoint) -> bool:
     return entry is not None and entry[1] == "fuse.threefs"
 
 
-async def tune_read_ahead(mountpoint: str, read_ahead_kb: int, initialized: asyncio.Event) -> None:
+async def tune_read_ahead(mountpoint: str, read_ahead_kb: int, initialized: asyncio.Event,
+                          negotiated: dict | None = None) -> None:
     """Raise the mount's read-ahead (default 128 KiB) so sequential reads arrive as many large requests.
 
     The kernel sets read-ahead from the FUSE INIT reply, which it processes after our init handler
@@ -82,6 +83,11 @@ async def tune_read_ahead(mountpoint: str, read_ahead_kb: int, initialized: asyn
         return
     path = Path(f"/sys/class/bdi/{entry[0]}/read_ahead_kb")
     await initialized.wait()
+    if negotiated:
+        log.info("FUSE connection: max_write %d, max_readahead %d, max_background %d, congestion_threshold "
+                 "%d, want %#x", negotiated.get("max_write", 0), negotiated.get("max_readahead", 0),
+                 negotiated.get("max_background", 0), negotiated.get("congestion_threshold", 0),
+                 negotiated.get("want", 0))
     for _ in range(READ_AHEAD_TRIES):
         await asyncio.sleep(0.05)
         try:
@@ -164,7 +170,9 @@ async def _serve(config, mnt: str, options) -> None:
     if options.allow_other:
         fuse_options.add("allow_other")
     pyfuse3.init(ops, mnt, fuse_options)
+    fuse_fallocate.install_init(options.max_background, options.max_background * 3 // 4, ops.negotiated)
     fuse_fallocate.install(ops)  # pyfuse3 does not pass fallocate on
+    ops.watch_kernel_queue(fuse_fallocate.session_fd())
     loop = asyncio.get_running_loop()
     stopping = []
 
@@ -184,7 +192,7 @@ async def _serve(config, mnt: str, options) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop, sig.name)
-    tuner = asyncio.ensure_future(tune_read_ahead(mnt, options.read_ahead_kb, ops.initialized))
+    tuner = asyncio.ensure_future(tune_read_ahead(mnt, options.read_ahead_kb, ops.initialized, ops.negotiated))
     mounted = True
     try:
         await pyfuse3.main()
@@ -193,8 +201,10 @@ async def _serve(config, mnt: str, options) -> None:
         raise
     finally:
         tuner.cancel()
-        log.info("requests served: %s; small reads %d in %d storage batches", dict(ops.stats),
-                 ops._coalescer.reads, ops._coalescer.batches)
+        gate = ops._gate
+        log.info("requests served: %s; small reads %d in %d storage batches; gate: %d reads in %d openings",
+                 dict(ops.stats), ops._coalescer.reads, ops._coalescer.batches, gate.held if gate else 0,
+                 gate.batches if gate else 0)
         await ops.release_all()
         try:
             pyfuse3.close(unmount=mounted)
