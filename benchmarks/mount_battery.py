@@ -240,11 +240,13 @@ def before_mount(cluster, tmp: str, tree: str):
     from threefs.client import fuse_mount
 
     mnt = os.path.join(tmp, "mnt-before")
-    saved = os.environ.get("PYTHONPATH")
+    saved, cwd = os.environ.get("PYTHONPATH"), os.getcwd()
     os.environ["PYTHONPATH"] = os.path.abspath(tree) + (os.pathsep + saved if saved else "")
+    os.chdir(tree)  # `python -m` puts the working directory first on sys.path, before PYTHONPATH
     try:
         proc = fuse_mount.spawn(str(cluster.client_config_path), mnt, [], os.path.join(tmp, "fuse-before.log"))
     finally:
+        os.chdir(cwd)
         if saved is None:
             del os.environ["PYTHONPATH"]
         else:
@@ -304,6 +306,9 @@ def main() -> None:
                 for name, top in targets.items():
                     print(f"round {r + 1}/{args.rounds}: {name} ...", flush=True)
                     results[name].append(battery_round(top, source, nbytes, args.files, args.seconds))
+        before_log = os.path.join(tmp, "fuse-before.log")
+        if os.path.exists(before_log):
+            print("threefs before: daemon", next((x.strip() for x in open(before_log) if "requests served" in x), "?"))
         fuse_log = os.path.join(tmp, "fuse.log")
         served = [line.strip() for line in open(fuse_log) if "requests served" in line] if os.path.exists(
             fuse_log) else []
