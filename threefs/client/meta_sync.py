@@ -37,6 +37,7 @@ from threefs.common import limits
 from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RTS, MAGIC, PREFIX, PREFIX_BYTES,
                                Header, body_encoder, encode_frame_head)
 from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
+from threefs.rpc.client import _decoder  # one decoder cache per process, shared with the async client
 from threefs.rpc.schemas.mgmtd import META
 
 SYNC_CONNECTIONS_PER_SERVER = 8  # blocking connections per meta server (servers allow 64 per client id)
@@ -44,16 +45,6 @@ RECV_BYTES = 64 * 1024
 NOT_TAKEN = object()  # call() could not run this call here (no routing yet, every connection busy)
 
 _header_decoder = msgspec.msgpack.Decoder(Header)
-_decoders: dict[type, msgspec.msgpack.Decoder] = {}
-
-
-def _decoder(t: type) -> msgspec.msgpack.Decoder:
-    d = _decoders.get(t)
-    if d is None:
-        d = _decoders[t] = msgspec.msgpack.Decoder(t)
-    return d
-
-
 class _Broken(Exception):
     """The connection cannot be used any more (closed, timed out, garbled); the call may go elsewhere."""
 
