@@ -285,11 +285,9 @@ class AsyncClient:
                                f"batch of {len(requests)} IOs exceeds {limits.BATCH_IOS_MAX}")
         if not requests:
             return []
-        batch, rep, sizes, req_errors = self.build_read_batch(await self.mgmtd.get(), requests)
-        await self.storage.read_batch(batch)
-        for k in sorted(batch.errors):  # the first failed IO of a request is its error
-            req_errors.setdefault(int(rep[k]), batch.errors[k])
-        return [req_errors.get(r, size) for r, size in enumerate(sizes)]
+        built = self.build_read_batch(await self.mgmtd.get(), requests)
+        await self.storage.read_batch(built[0])
+        return read_results(*built)
 
     def build_read_batch(self, routing, requests: list[tuple[m.InodeAttr, int, memoryview]]):
         """(ReadBatch of the requests' chunk IOs, request of each IO, bytes asked per request (clamped to
@@ -368,6 +366,14 @@ class AsyncClient:
                 self._chain_cache.clear()
             self._chain_cache[key] = chains
         return chains
+
+
+def read_results(batch, rep, sizes, req_errors) -> list[int | ThreeFSError]:
+    """The result of each request of a read batch built by `build_read_batch`, once it was read: bytes
+    read, or the first error of its IOs."""
+    for k in sorted(batch.errors):  # the first failed IO of a request is its error
+        req_errors.setdefault(int(rep[k]), batch.errors[k])
+    return [req_errors.get(r, size) for r, size in enumerate(sizes)]
 
 
 def open_flags(mode: str) -> tuple[int, bool, bool]:

@@ -243,14 +243,15 @@ def close_write_targets(client, targets: dict[int, WriteTarget]) -> None:
         raise errors[0]
 
 
-def run_partial(client, resolved: list, run) -> list:
-    """Run `run(valid requests)` on the items that resolved; failed items keep their error."""
+def run_partial(resolved: list, run) -> list:
+    """Run `run(valid requests)` (a list of results) on the items that resolved; failed items keep their
+    error."""
     if not any(isinstance(r, ThreeFSError) for r in resolved):
-        return client.run(run(resolved)) if resolved else []
+        return run(resolved) if resolved else []
     valid = [i for i, r in enumerate(resolved) if not isinstance(r, ThreeFSError)]
     results = list(resolved)
     if valid:
-        for i, r in zip(valid, client.run(run([resolved[i] for i in valid]))):
+        for i, r in zip(valid, run([resolved[i] for i in valid])):
             results[i] = r
     return results
 

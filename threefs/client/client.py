@@ -22,10 +22,11 @@ from pathlib import Path
 import msgspec
 
 from threefs.client import batch
-from threefs.client.aio import AsyncClient, open_flags
+from threefs.client.aio import AsyncClient, open_flags, read_results
 from threefs.client.file import READ_AHEAD_BYTES_DEFAULT, WRITE_BEHIND_BYTES_DEFAULT, File, RawFile
 from threefs.client.loop import LoopThread
 from threefs.client.meta_sync import NOT_TAKEN, SyncMetaCalls
+from threefs.client.storage_sync import SyncStorageReads
 from threefs.common import limits
 from threefs.common.config import ClientConfig, find_client_config, load_toml
 from threefs.common.status import StatusCode, ThreeFSError, status_error
@@ -55,6 +56,7 @@ class Client:
         self._deferred: list[m.SessionRef] = []  # [meta] write sessions to end in the next batch
         self._deferred_armed = False  # a flush is scheduled on the loop
         self._sync: SyncMetaCalls | None = None
+        self._storage_sync: SyncStorageReads | None = None
         self._start()
         _clients.add(self)
 
@@ -68,6 +70,7 @@ class Client:
             self._loop = None
             raise
         self._sync = SyncMetaCalls(self._aio, self.config.timeout_s)  # [meta] calls from the caller's thread
+        self._storage_sync = SyncStorageReads(self._aio, self.config.timeout_s)  # small batch reads too
 
     @property
     def aio(self) -> AsyncClient:
@@ -140,6 +143,8 @@ class Client:
                         log.warning("could not end %d write sessions: %s", len(refs), e)
                 if self._sync is not None:
                     self._sync.close()
+                if self._storage_sync is not None:
+                    self._storage_sync.close()
                 self._loop.run(self.aio.close(), timeout)
             finally:
                 self._loop.stop()
@@ -423,7 +428,25 @@ class Client:
         items = list(items)
         batch.check_batch_size(len(items))
         resolved = batch.resolve_read_items(self, items)
-        return _check_results(batch.run_partial(self, resolved, self.aio.batch_read), raise_on_error)
+        return _check_results(batch.run_partial(resolved, self._read_requests), raise_on_error)
+
+    def _read_requests(self, requests: list) -> list:
+        """Read resolved (attr, offset, view) requests: from the caller's thread where it can
+        (client/storage_sync.py), the rest on the event loop's path."""
+        aio = self.aio  # a forked child reconnects here
+        sync, lt = self._storage_sync, self._loop
+        routing = aio.mgmtd.routing
+        if (sync is None or lt is None or routing is None or len(requests) > limits.BATCH_IOS_MAX
+                or threading.get_ident() == lt._thread.ident):
+            return self.run(aio.batch_read(requests))
+        built = aio.build_read_batch(routing, requests)
+        rb = built[0]
+        retry = sync.read(rb)
+        if retry is None:
+            self.run(aio.storage.read_batch(rb))
+        elif len(retry):
+            self.run(aio.storage.read_batch(rb, pending=retry))
+        return read_results(*built)
 
     def batch_write(self, items, *, create: bool = False, raise_on_error: bool = True) -> list:
         """Write many (file, offset, buffer) or (file, offset, length, buffer) items, all in flight
@@ -434,7 +457,7 @@ class Client:
         batch.check_batch_size(len(items))
         requests, targets = batch.open_write_targets(self, items, create)
         try:
-            results = batch.run_partial(self, requests, lambda reqs: batch.write_batch(self.aio, reqs))
+            results = batch.run_partial(requests, lambda reqs: self.run(batch.write_batch(self.aio, reqs)))
             for req, r in zip(requests, results):
                 if not isinstance(r, BaseException) and not isinstance(req, BaseException):
                     attr, offset, view = req

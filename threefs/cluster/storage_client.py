@@ -223,26 +223,26 @@ class StorageClient:
             else:
                 it.result = int(batch.got[k])
 
-    async def read_batch(self, batch: "ReadBatch", *, allow_uncommitted: bool = False) -> None:
-        """Fill every IO's destination; per-IO errors end in batch.errors (never raised). IOs that fail
-        retryably (replica down, stale routing, damaged on arrival or on disk) go to another replica."""
+    async def read_batch(self, batch: "ReadBatch", *, allow_uncommitted: bool = False,
+                         pending: np.ndarray | None = None) -> None:
+        """Fill every IO's destination (or those of the IO indices `pending`); per-IO errors end in
+        batch.errors (never raised). IOs that fail retryably (replica down, stale routing, damaged on
+        arrival or on disk) go to another replica."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RETRY_S
-        lengths = batch.ios["length"]
-        pending = np.flatnonzero(lengths > 0)
+        if pending is None:
+            pending = np.flatnonzero(batch.ios["length"] > 0)
         delay = 0.002
         while len(pending):
             routing = await self.mgmtd.get()
             requests = self._plan(routing, batch, pending)
             await asyncio.gather(*(self._read_packed(addr, batch, idx, allow_uncommitted)
                                    for addr, idx in requests))
-            retry = [k for k in pending.tolist() if k in batch.errors and _read_retryable(batch.errors[k])]
-            if not retry or loop.time() > deadline:
+            if loop.time() > deadline:
+                return  # the errors stay
+            pending = take_retries(batch, pending)
+            if not len(pending):
                 return
-            for k in retry:
-                batch.avoid.setdefault(k, set()).add(int(batch.ios["target"][k]))
-                del batch.errors[k]
-            pending = np.array(retry, dtype=np.int64)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
             try:
@@ -373,13 +373,20 @@ class StorageClient:
         try:
             rsp, payload = await self._call(addr, "storage.read_packed", req, ss.PackedReadRsp,
                                             recv_into=recv)
-            res = np.frombuffer(rsp.results, RESULT_DTYPE) if len(rsp.results) % RESULT_DTYPE.itemsize == 0 else None
-            if res is None or len(res) != len(idx) or (res["length"] > lengths).any():
-                raise status_error(StatusCode.PROTOCOL_ERROR, f"{addr}: malformed read_packed response "
-                                   f"({len(rsp.results)} result bytes for {len(idx)} IOs)")
         except ThreeFSError as e:
-            for k in idx.tolist():
-                batch.errors[k] = e
+            fail_ios(batch, idx, e)
+            return
+        self.apply_packed(addr, rsp, payload, batch, idx, lengths, ends, single)
+
+    def apply_packed(self, addr: str, rsp: ss.PackedReadRsp, payload, batch: "ReadBatch", idx: np.ndarray,
+                     lengths: np.ndarray, ends: np.ndarray, single: bool) -> None:
+        """Check a read_packed response's IOs (status, crc32c of what arrived) and place their bytes in
+        the batch's destinations (`single`: the payload was received into the one IO's destination).
+        Plain CPU work: also used by the caller-thread read path (client/storage_sync.py)."""
+        res = np.frombuffer(rsp.results, RESULT_DTYPE) if len(rsp.results) % RESULT_DTYPE.itemsize == 0 else None
+        if res is None or len(res) != len(idx) or (res["length"] > lengths).any():
+            fail_ios(batch, idx, status_error(StatusCode.PROTOCOL_ERROR, f"{addr}: malformed read_packed "
+                                              f"response ({len(rsp.results)} result bytes for {len(idx)} IOs)"))
             return
         got = res["length"].astype(np.int64)
         status = res["status"]
@@ -412,6 +419,21 @@ class StorageClient:
             if g < want:  # a hole or past the chunk's end: zeros
                 d[o + g:o + want] = bytes(want - g)
         batch.got[idx] = got
+
+
+def take_retries(batch: ReadBatch, pending: np.ndarray) -> np.ndarray:
+    """The IOs of `pending` that failed retryably, their errors cleared and the replica that failed each
+    marked to be tried last."""
+    retry = [k for k in pending.tolist() if k in batch.errors and _read_retryable(batch.errors[k])]
+    for k in retry:
+        batch.avoid.setdefault(k, set()).add(int(batch.ios["target"][k]))
+        del batch.errors[k]
+    return np.array(retry, dtype=np.int64)
+
+
+def fail_ios(batch: ReadBatch, idx: np.ndarray, error: ThreeFSError) -> None:
+    for k in idx.tolist():
+        batch.errors[k] = error
 
 
 def _readable(routing: Routing, targets: list[int]) -> list[int]:
