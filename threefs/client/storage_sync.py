@@ -25,7 +25,7 @@ import numpy as np
 from threefs.cluster.storage_client import (SOLO_IO_BYTES_MIN, ReadBatch, _aligned, fail_ios,
                                             take_retries)
 from threefs.common import limits
-from threefs.common.status import StatusCode, status_error
+from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.blocking import BlockingPool, Broken
 from threefs.rpc.client import _decoder
 from threefs.rpc.frame import KIND_REQUEST, body_encoder
@@ -67,7 +67,10 @@ class SyncStorageReads:
         conns = {}
         try:
             for addr in by_addr:
-                conn = self._pool.take(addr)
+                try:
+                    conn = self._pool.take(addr)
+                except ThreeFSError:  # refused at hello (too many connections, a token): the loop's path
+                    return None
                 if conn is None:  # every connection to this service busy: the loop's path
                     return None
                 if isinstance(conn, Broken):  # cannot connect: its IOs fail over on the loop's path
