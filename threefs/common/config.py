@@ -34,7 +34,7 @@ class ServiceConfig(msgspec.Struct, kw_only=True):
     heartbeat_interval_s: float = 1.0
     # T (storage fences itself after T/2 without an accepted heartbeat). Derived in docs/architecture.md,
     # "The margins, derived": T/2 must exceed the heartbeat gap of an unclean mgmtd failover,
-    # H + L + R + 0.25 s + 3C + 2 rtt (4.25 s + 3C + 2 rtt with these values); T = 12 s leaves 1.75 s for the
+    # H + L + 0.27 s + 3C + 2 rtt (3.77 s + 3C + 2 rtt with these values); T = 12 s leaves 2.23 s for the
     # commits, round trips and event-loop stalls, and a dead node is failed well inside clients' 20 s retries.
     heartbeat_timeout_s: float = 12.0
     chain_update_interval_s: float = 0.5
