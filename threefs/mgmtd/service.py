@@ -273,6 +273,9 @@ class MgmtdService:
         if node is None:
             raise status_error(StatusCode.NODE_NOT_FOUND, f"node {req.node_id} is not registered")
         if req.hb_version <= node.hb_version:  # reordered or duplicated: older news than we have
+            # ... but the node counts this reply as accepted from this copy's send time, so its receipt
+            # must count here too (a copy resent after a lost reply: fence.heartbeat_every_mgmtd)
+            self.last_heartbeat[req.node_id] = max(self.clock(), self.last_heartbeat.get(req.node_id, 0.0))
             return s.HeartbeatRsp(routing.version)
         for t in req.targets:
             if t.local_state not in s.LOCAL_STATES:
