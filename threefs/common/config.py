@@ -32,12 +32,16 @@ class ServiceConfig(msgspec.Struct, kw_only=True):
     targets: list[TargetConfig] = []  # storage
     failure_domain: str = ""
     heartbeat_interval_s: float = 1.0
-    heartbeat_timeout_s: float = 5.0
+    # T (storage fences itself after T/2 without an accepted heartbeat). Derived in docs/architecture.md,
+    # "The margins, derived": T/2 must exceed the heartbeat gap of an unclean mgmtd failover,
+    # H + L + 0.27 s + 3C + 2 rtt (3.77 s + 3C + 2 rtt with these values); T = 12 s leaves 2.23 s for the
+    # commits, round trips and event-loop stalls, and a dead node is failed well inside clients' 20 s retries.
+    heartbeat_timeout_s: float = 12.0
     chain_update_interval_s: float = 0.5
     # mgmtd HA: the primary renews a lease in the KV every renew interval; a standby takes an expired one.
-    # Lease + renew stays under heartbeat_timeout_s / 2, so storage services (which fence themselves after
-    # that long without a heartbeat) keep serving through a clean mgmtd failover.
-    mgmtd_lease_s: float = 1.5
+    # L - R is how late a renewal may be (a KV commit behind writeback, an event-loop stall) before the lease
+    # moves: 2 s, against 0.67 s measured under the pressure harness (a 1.17 s gap between renewals).
+    mgmtd_lease_s: float = 2.5
     mgmtd_lease_renew_s: float = 0.5
     # Follow a standby's "primary is at ADDR" redirect. False when mgmtd is reached through proxies or NAT:
     # the address mgmtd advertises is then not the one to use from here, so only `mgmtd` addresses are tried.

@@ -10,7 +10,13 @@ def mgmtd_gauges(svc) -> GaugeSource:
     """Primary or not, routing version, targets per public state, chains per health, nodes alive."""
     def samples() -> list[Sample]:
         out = [Sample("threefs_mgmtd_primary", "1 if this mgmtd is the primary", {},
-                      1.0 if svc.role == "primary" else 0.0)]
+                      1.0 if svc.role == "primary" else 0.0),
+               Sample("threefs_mgmtd_lease_pass_seconds_max", "longest lease pass (one KV commit) since start",
+                      {}, svc.lease_pass_s_max),
+               Sample("threefs_mgmtd_lease_renew_gap_seconds_max", "longest time between two renewals of the "
+                      "lease this mgmtd kept", {}, svc.lease_renew_gap_s_max),
+               Sample("threefs_mgmtd_heartbeat_gap_seconds_max", "longest time a node went without a heartbeat "
+                      "received by this mgmtd as primary", {}, svc.heartbeat_gap_s_max)]
         routing = svc.routing
         if routing is None or svc.role != "primary":  # a standby's copy is stale
             return out

@@ -32,6 +32,8 @@ PRIMARY, STANDBY = "primary", "standby"
 SYNC_REPORT_TTL_HEARTBEATS = 3  # a resync not reported for this many heartbeat intervals is over
 FLAP_WINDOW_S = 600.0  # `threefs status` counts a node's failures over this window
 FAILURES_KEPT = 64  # failure times remembered per node
+LEASE_END_SLACK_S = 0.02  # a standby's pass comes this long after another's lease ends
+DEAF_LOG_S = 0.5  # a stall of mgmtd's own at least this long is logged
 
 
 class MgmtdService:
@@ -57,6 +59,13 @@ class MgmtdService:
         self.auth = auth if auth is not None else TokenAuthenticator("")
         self.auth.reload = self._reload_tokens  # a token issued by another mgmtd a moment ago
         self._lock = asyncio.Lock()  # serialises mutations (one writer of the routing info)
+        # What was late under pressure (metrics; `threefs.testing.pressure` reports them): the longest lease
+        # pass (one KV commit, C), the longest time between two renewals that kept the lease, and the
+        # longest time a node went without a heartbeat received here while primary.
+        self.lease_pass_s_max = 0.0
+        self.lease_renew_gap_s_max = 0.0
+        self.heartbeat_gap_s_max = 0.0
+        self._last_renewal: float | None = None
 
     # -- HA ------------------------------------------------------------------------------------------
     @property
@@ -72,10 +81,22 @@ class MgmtdService:
             log.warning("first lease pass failed (will retry): %s", e)
 
     async def lease_pass(self) -> None:
+        t0 = self.clock()
         lease, token_version = await self.store.renew_lease(self.me, int(self.config.mgmtd_lease_s * 1e9),
                                                             self.wall_ns)
+        now = self.clock()
+        self.lease_pass_s_max = max(self.lease_pass_s_max, now - t0)
+        lapsed = self.role == PRIMARY and not self._lease_valid()  # we were not primary for a while
         self.lease = lease
         mine = lease.primary_id == self.config.node_id
+        if mine and lapsed:
+            # Nobody else took the lease while ours had lapsed, so it is ours again; but meanwhile we
+            # refused every heartbeat (NOT_PRIMARY): judge nobody on the table of before the lapse.
+            self._deaf(now - self._last_renewal if self._last_renewal is not None else 0.0,
+                       "its lease had lapsed")
+        if mine and self.role == PRIMARY and self._last_renewal is not None:
+            self.lease_renew_gap_s_max = max(self.lease_renew_gap_s_max, now - self._last_renewal)
+        self._last_renewal = now if mine else None
         if mine and self.role != PRIMARY:
             await self._become_primary()
         elif not mine and self.role == PRIMARY:
@@ -86,7 +107,7 @@ class MgmtdService:
     async def lease_loop(self) -> None:
         """Runs for the service's lifetime; a KV outage past the lease demotes us."""
         while True:
-            await asyncio.sleep(self.config.mgmtd_lease_renew_s)
+            await asyncio.sleep(self._next_pass_s())
             try:
                 await self.lease_pass()
                 self.kv_error = None
@@ -99,6 +120,17 @@ class MgmtdService:
                     log.exception("lease pass failed")
                 if self.role == PRIMARY and not self._lease_valid():
                     self._step_down("could not renew the lease before it ended")
+
+    def _next_pass_s(self) -> float:
+        """The primary renews every R. A standby polls every R too, but the pass right after another's lease
+        ends comes at that end (+ LEASE_END_SLACK_S) rather than up to R later: an unclean failover's gap loses
+        R (docs/architecture.md, "The margins, derived")."""
+        every = self.config.mgmtd_lease_renew_s
+        lease = self.lease
+        if self.role == PRIMARY or lease is None or lease.primary_id == self.config.node_id:
+            return every
+        until_end = (lease.lease_end_ns - self.wall_ns()) / 1e9
+        return min(every, until_end + LEASE_END_SLACK_S) if until_end >= 0 else every
 
     async def release(self) -> None:
         """Clean shutdown: give the lease up so a standby takes over at its next pass."""
@@ -153,6 +185,21 @@ class MgmtdService:
         if lease is None or lease.primary_id != self.config.node_id or lease.lease_end_ns <= self.wall_ns():
             raise status_error(StatusCode.NOT_PRIMARY, s.not_primary_message(
                 self.config.addr, lease.primary_addr if lease else ""))
+
+    def _deaf(self, seconds: float, why: str) -> None:
+        """We heard nobody for `seconds` (our event loop stalled, or our lease had lapsed): nodes get that time
+        back. A node is failed only after T of silence *while we were listening*; a primary that judged
+        across its own stall would fail every healthy node whose heartbeats were waiting in its sockets.
+        Failing later than T after a node's last heartbeat is safe: its fence closed at F < T anyway."""
+        if seconds <= 0:
+            return
+        now = self.clock()
+        for nid, t in self.last_heartbeat.items():
+            self.last_heartbeat[nid] = min(now, t + seconds)
+        self.primary_since = min(now, self.primary_since + seconds)
+        if seconds >= DEAF_LOG_S:
+            log.warning("mgmtd %d heard nobody for %.1f s (%s): nodes get that time back before being judged",
+                        self.config.node_id, seconds, why)
 
     @property
     def bootstrapping(self) -> bool:
@@ -226,12 +273,18 @@ class MgmtdService:
         if node is None:
             raise status_error(StatusCode.NODE_NOT_FOUND, f"node {req.node_id} is not registered")
         if req.hb_version <= node.hb_version:  # reordered or duplicated: older news than we have
+            # ... but the node counts this reply as accepted from this copy's send time, so its receipt
+            # must count here too (a copy resent after a lost reply: fence.heartbeat_every_mgmtd)
+            self.last_heartbeat[req.node_id] = max(self.clock(), self.last_heartbeat.get(req.node_id, 0.0))
             return s.HeartbeatRsp(routing.version)
         for t in req.targets:
             if t.local_state not in s.LOCAL_STATES:
                 raise status_error(StatusCode.INVALID_ARGUMENT, f"target {t.target_id}: unknown local "
                                    f"state {t.local_state!r} (one of {', '.join(s.LOCAL_STATES)})")
-        self.last_heartbeat[req.node_id] = self.clock()
+        now = self.clock()
+        self.heartbeat_gap_s_max = max(self.heartbeat_gap_s_max,
+                                       now - self.last_heartbeat.get(req.node_id, self.primary_since))
+        self.last_heartbeat[req.node_id] = now
         node.hb_version = req.hb_version
         node.last_heartbeat_ns = time.time_ns()
         self.node_routing[req.node_id] = max(req.routing_version, self.node_routing.get(req.node_id, 0))
@@ -381,7 +434,9 @@ class MgmtdService:
         """Runs until cancelled (the service's lifetime); each pass survives its own errors."""
         interval = min(self.config.chain_update_interval_s, self.config.heartbeat_interval_s)
         while True:
+            before = self.clock()
             await asyncio.sleep(interval)
+            self._deaf(self.clock() - before - interval, "its event loop stalled")
             try:
                 await self.check_heartbeats()
                 await self.update_chains()

@@ -11,7 +11,13 @@ def storage_gauges(svc) -> GaugeSource:
     def samples() -> list[Sample]:
         out = [Sample("threefs_storage_fenced", "1 while cut off from mgmtd (refusing IO)", {},
                       1.0 if svc.fence.fenced else 0.0),
-               Sample("threefs_storage_fence_events", "times the fence closed", {}, svc.fence.fence_count)]
+               Sample("threefs_storage_fence_events", "times the fence closed", {}, svc.fence.fence_count),
+               Sample("threefs_storage_fenced_seconds", "time spent fenced (closed fences)", {},
+                      svc.fence.fenced_s_total),
+               Sample("threefs_storage_heartbeat_rtt_seconds_max", "longest heartbeat send to accepted reply",
+                      {}, svc.fence.rtt_s_max),
+               Sample("threefs_storage_heartbeat_gap_seconds_max", "longest time without an accepted heartbeat",
+                      {}, svc.fence.gap_s_max)]
         routing = svc.mgmtd.routing
         for tid, engine in list(svc.engines.items()):
             labels = {"target": str(tid)}

@@ -26,7 +26,7 @@ from threefs.common.health import Problems
 from threefs.common.locks import KeyedLocks
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.cluster.heartbeat import heartbeat_loop
-from threefs.storage.fence import HeartbeatFence, sync_reports
+from threefs.storage.fence import HeartbeatFence, heartbeat_every_mgmtd, sync_reports
 from threefs.rpc.client import RpcClient
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas import storage as ss
@@ -199,14 +199,16 @@ class StorageService:
                    for tid, engine in self.engines.items()]
         self.hb_version += 1
         syncs = sync_reports(self.resync, routing, self.engines)
-        sent, was_fenced = self.fence.now(), self.fence.fenced
+        was_fenced = self.fence.fenced
         # routing_version: what we have seen. Our reads judge on this routing or newer, so once mgmtd
         # has it, a target it marked admin_offline serves no more reads here and may leave its chain.
-        rsp = await self.mgmtd.call("heartbeat", ms.HeartbeatReq(self.config.node_id, self.hb_version,
-                                                                 targets, syncs, self.problems.current(),
-                                                                 routing.version if routing else 0),
-                                    ms.HeartbeatRsp,
-                                    timeout=self.fence.call_timeout_s)
+        # Sent to every mgmtd at once (fence.heartbeat_every_mgmtd): a failover costs no call timeout.
+        rsp, sent = await heartbeat_every_mgmtd(
+            self.mgmtd, ms.HeartbeatReq(self.config.node_id, self.hb_version, targets, syncs,
+                                        self.problems.current(), routing.version if routing else 0),
+            ms.HeartbeatRsp, self.fence.call_timeout_s, clock=self.fence.now)
+        if not was_fenced:
+            self.fence.succeeded(sent)  # accepted: mgmtd counts us alive from now; the refresh may wait
         if was_fenced or routing is None or rsp.routing_version != routing.version:
             # unfence only with current routing: the view we were cut off with may name us wrongly
             await self.mgmtd.refresh()
