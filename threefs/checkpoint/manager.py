@@ -363,7 +363,7 @@ def load_index(client, path: str, index: fmt.Index, rank: int, *, names=None, pr
         dests = dict(enc.tensors)
     attrs: dict[str, Any] = {}
     loaded: dict[int, Any] = {}
-    reads, copies = [], []
+    reads, copies, fresh = [], [], set()
     for i, e in enumerate(part.tensors):
         if not wanted(e.name):
             continue
@@ -375,12 +375,13 @@ def load_index(client, path: str, index: fmt.Index, rank: int, *, names=None, pr
                                f"{e.shape} in the checkpoint but {_describe(dest)} in `into`")
         target = dest if dest is not None and tensor_io.byte_view(dest) is not None else None
         if target is None:
-            target = tensor_io.empty_like_entry(e)
+            target = tensor_io.empty_like_entry(e, back=False)
+            fresh.add(id(target))
             if dest is not None:
                 copies.append((dest, target))
         reads.append((e, attrs[e.file], target))
         loaded[i] = dest if dest is not None else target
-    tensor_io.read_into(client, reads, verify, path)
+    tensor_io.read_into(client, reads, verify, path, back=fresh)
     for dest, tmp in copies:
         dest.copy_(tmp) if hasattr(dest, "copy_") else dest.__setitem__(Ellipsis, tmp)
     moved = _mover(map_location)

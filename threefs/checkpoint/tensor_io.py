@@ -105,18 +105,26 @@ def write_pieces(client, path: str, buf: np.ndarray, chunk_size: int, piece_byte
 
 
 # -- load -------------------------------------------------------------------------------------------
-def empty_like_entry(e: TensorEntry):
-    """A fresh tensor/array for entry `e`, its pages already backed (huge pages where possible): the read
-    then copies into memory at full speed instead of faulting every 4 KiB (see buffers.prefault)."""
+def empty_like_entry(e: TensorEntry, back: bool = True):
+    """A fresh tensor/array for entry `e`; with `back`, its pages already backed (huge pages where
+    possible): the read then copies into memory at full speed instead of faulting every 4 KiB (see
+    buffers.prefault). read_into(..., back=...) backs them itself, overlapped with the reads."""
     if e.kind == "numpy":
         out = np.empty(e.shape, dtype=numpy_dtype(e.dtype))
-        prefault(out.ctypes.data, out.nbytes)
-        return out
-    import torch
+    else:
+        import torch
 
-    out = torch.empty(e.shape, dtype=torch_dtype(e.dtype))
-    prefault(out.data_ptr(), out.numel() * out.element_size())
+        out = torch.empty(e.shape, dtype=torch_dtype(e.dtype))
+    if back:
+        back_pages(out)
     return out
+
+
+def back_pages(t) -> None:
+    if isinstance(t, np.ndarray):
+        prefault(t.ctypes.data, t.nbytes)
+    else:
+        prefault(t.data_ptr(), t.numel() * t.element_size())
 
 
 def byte_view(t) -> memoryview | None:
@@ -140,18 +148,27 @@ def matches(e: TensorEntry, t) -> bool:
     return (isinstance(t, torch.Tensor) and t.dtype == torch_dtype(e.dtype) and list(t.shape) == e.shape)
 
 
-def read_into(client, reads: list[tuple[TensorEntry, Any, Any]], verify: bool, where: str) -> None:
+def read_into(client, reads: list[tuple[TensorEntry, Any, Any]], verify: bool, where: str,
+              back: frozenset | set = frozenset()) -> None:
     """reads: (entry, data file InodeAttr, destination tensor/array, contiguous CPU[, anything]).
 
     Batch reads of about READ_GROUP_BYTES each (big tensors as several items, so they spread over chains),
     pipelined: while group k+1 is read (by a helper thread waiting on the client), this thread checks the
-    checksums of the tensors group k completed — crc32c runs outside the GIL, so the two overlap."""
-    items, owners, last_group = [], [], {}
+    checksums of the tensors group k completed — crc32c runs outside the GIL, so the two overlap.
+    `back`: ids of fresh destinations (empty_like_entry(back=False)) whose pages a third thread backs
+    group by group ahead of the reads, instead of all of them before the first read is sent.
+
+    With verify, each tensor's save-time crc32c is the end-to-end check, so the client's per-IO check on
+    arrival is skipped (one crc32c pass over the bytes instead of two: ~0.1 CPU-s per GB on the client's
+    event-loop thread). A tensor that fails is read again with that check on, which reads another replica
+    when the bytes were damaged on the way; only if it fails again is the checkpoint called damaged."""
+    items, owners, last_group, attr_of = [], [], {}, {}
     groups, group_bytes = [], 0
     for e, attr, dest, *_ in reads:
         if not e.nbytes:
             continue
         view = byte_view(dest)
+        attr_of[id(e)] = attr
         for off in range(0, e.nbytes, READ_PIECE_BYTES):
             n = min(READ_PIECE_BYTES, e.nbytes - off)
             if not groups or group_bytes + n > READ_GROUP_BYTES or len(groups[-1]) >= BATCH_ITEMS_MAX:
@@ -163,15 +180,43 @@ def read_into(client, reads: list[tuple[TensorEntry, Any, Any]], verify: bool, w
             owners.append(e)
         last_group[id(e)] = len(groups) - 1
     checks: list[list[tuple[TensorEntry, Any]]] = [[] for _ in groups]
+    fresh: list[list[Any]] = [[] for _ in groups]
+    first_group: dict[int, int] = {}
+    for k, g in enumerate(groups):
+        for i in g:
+            first_group.setdefault(id(owners[i]), k)
     for e, _, dest, *_ in reads:
         if verify and e.nbytes:
             checks[last_group[id(e)]].append((e, dest))
+        if e.nbytes and id(dest) in back:
+            fresh[first_group[id(e)]].append(dest)
     if not groups:
         return
+    backer = ThreadPoolExecutor(1, thread_name_prefix="threefs-ckpt-back") if any(fresh) else None
+    backed = [backer.submit(_back_all, f) if backer is not None else None for f in fresh]
 
     def read_group(k: int) -> list[int]:
+        if backed[k] is not None:
+            backed[k].result()
+        if verify:
+            return client.batch_read([items[i] for i in groups[k]], check_arrival=False)
         return client.batch_read([items[i] for i in groups[k]])
 
+    try:
+        _read_groups(client, groups, items, owners, checks, attr_of, read_group, where)
+    finally:
+        if backer is not None:
+            for f in backed:
+                f.cancel()
+            backer.shutdown()
+
+
+def _back_all(dests: list) -> None:
+    for t in dests:
+        back_pages(t)
+
+
+def _read_groups(client, groups, items, owners, checks, attr_of, read_group, where) -> None:
     with ThreadPoolExecutor(1, thread_name_prefix="threefs-ckpt-read") as reader:
         pending = reader.submit(read_group, 0)
         for k in range(len(groups)):
@@ -187,6 +232,17 @@ def read_into(client, reads: list[tuple[TensorEntry, Any, Any]], verify: bool, w
             for e, dest in checks[k]:
                 crc = crc32c.crc32c(byte_view(dest))
                 if crc != e.crc:
+                    crc = _read_again_checked(client, e, attr_of[id(e)], dest)
+                if crc != e.crc:
                     raise status_error(StatusCode.CHECKSUM_MISMATCH,
                                        f"{where}: tensor {e.name!r} failed its checksum (stored {e.crc:#010x}, "
                                        f"read {crc:#010x}); the checkpoint is damaged")
+
+
+def _read_again_checked(client, e: TensorEntry, attr, dest) -> int:
+    """Read tensor e again with the client's per-IO check on arrival (bytes damaged between storage and
+    here fail it and are read from another replica); the crc32c of what arrived."""
+    view = byte_view(dest)
+    client.batch_read([(attr, e.offset + off, view[off:off + min(READ_PIECE_BYTES, e.nbytes - off)])
+                       for off in range(0, e.nbytes, READ_PIECE_BYTES)])
+    return crc32c.crc32c(view)

@@ -412,18 +412,25 @@ class Client:
                     progress(n)
         return total
 
-    def batch_read(self, items, *, raise_on_error: bool = True) -> list:
+    def batch_read(self, items, *, raise_on_error: bool = True, check_arrival: bool = True) -> list:
         """Read many (file, offset, buffer) or (file, offset, length, buffer) items with all their
         IOs in flight together (see threefs.client.batch).
 
         `file` is a path, an InodeAttr or an open file; `buffer` any writable contiguous buffer
         (bytearray, memoryview, numpy array). Returns bytes read per item (short at end of file); with
         raise_on_error=False failed items hold their exception instead.
+
+        check_arrival=False skips the per-IO crc32c of the bytes against the one storage computed as
+        it read them (damage between storage and this process), for callers that check their own
+        end-to-end checksum of the bytes afterwards and read again with the check on if it fails (the
+        checkpoint loader). Storage's own check of whole chunks against their write-time crc stays.
         """
         items = list(items)
         batch.check_batch_size(len(items))
         resolved = batch.resolve_read_items(self, items)
-        return _check_results(batch.run_partial(self, resolved, self.aio.batch_read), raise_on_error)
+        run = self.aio.batch_read if check_arrival else (
+            lambda reqs: self.aio.batch_read(reqs, check_arrival=False))
+        return _check_results(batch.run_partial(self, resolved, run), raise_on_error)
 
     def batch_write(self, items, *, create: bool = False, raise_on_error: bool = True) -> list:
         """Write many (file, offset, buffer) or (file, offset, length, buffer) items, all in flight
