@@ -363,8 +363,18 @@ def load_index(client, path: str, index: fmt.Index, rank: int, *, names=None, pr
         dests = dict(enc.tensors)
     attrs: dict[str, Any] = {}
     loaded: dict[int, Any] = {}
+    if into is None and names is None and prefixes is None:  # everything: whole files, whole chunks
+        by_file: dict[str, list[int]] = {}
+        for i, e in enumerate(part.tensors):
+            by_file.setdefault(e.file, []).append(i)
+        for file, idx in by_file.items():
+            attr = client.stat(f"{path}/{file}")
+            got = tensor_io.read_file_whole(client, attr, [part.tensors[i] for i in idx], verify, path)
+            loaded.update(zip(idx, got))
     reads, copies, fresh = [], [], set()
     for i, e in enumerate(part.tensors):
+        if i in loaded:
+            continue
         if not wanted(e.name):
             continue
         if e.file not in attrs:
