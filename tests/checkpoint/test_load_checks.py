@@ -66,3 +66,34 @@ def test_bytes_damaged_on_storage_still_fail_the_load_after_the_read_again(fs, d
     want = sd["t2"].view(torch.uint8).reshape(-1).numpy().copy()
     want[e.nbytes // 2] ^= 0x40
     assert np.array_equal(flat, want)
+
+
+def test_whole_file_load_gives_independent_tensors_of_every_kind(fs, d):
+    gen = torch.Generator().manual_seed(14)
+    sd = {"big": torch.randn(700, 1500, generator=gen), "empty": torch.empty(0, 3), "scalar": torch.tensor(2.5),
+          "np": np.arange(12345, dtype=np.int32).reshape(5, -1), "bool": torch.rand(999, generator=gen) > 0.5,
+          "f8": torch.randn(333, generator=gen).to(torch.float8_e4m3fn)}
+    mgr = CheckpointManager(fs, f"{d}/ck", chunk_size=1 << 20)
+    mgr.save(sd, step=3)
+    out = mgr.load(3)
+    for k in ("big", "empty", "scalar", "bool", "f8"):
+        assert out[k].dtype == sd[k].dtype and out[k].shape == sd[k].shape
+        assert torch.equal(out[k].reshape(-1).view(torch.uint8), sd[k].reshape(-1).view(torch.uint8))
+    assert out["np"].dtype == np.int32 and np.array_equal(out["np"], sd["np"]) and out["np"].flags.writeable
+    # each tensor owns a storage of exactly its bytes: writes stay inside it, torch.save keeps just it
+    out["big"].zero_()
+    assert torch.equal(out["scalar"], sd["scalar"]) and torch.equal(out["bool"], sd["bool"])
+    assert out["bool"].untyped_storage().nbytes() == sd["bool"].numel()
+
+
+def test_truncated_data_file_names_the_first_missing_tensor(fs, d):
+    gen = torch.Generator().manual_seed(15)
+    sd = _state(gen)
+    mgr = CheckpointManager(fs, f"{d}/ck", chunk_size=1 << 20)
+    mgr.save(sd, step=4)
+    e = next(t for _, t in mgr.index(4).all_tensors() if t.name == "t3")
+    fs.truncate(f"{mgr.path_of(4)}/{e.file}", e.offset + 10)
+    with pytest.raises(ThreeFSError) as err:
+        mgr.load(4)
+    assert err.value.code == StatusCode.CHECKSUM_MISMATCH and "'t3'" in err.value.message
+    assert "cut short" in err.value.message
