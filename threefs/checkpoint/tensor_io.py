@@ -19,6 +19,7 @@ from threefs.common.status import StatusCode, status_error
 PIECE_BYTES_DEFAULT = 8 * limits.MiB  # one batch-write item; pieces start on chunk boundaries
 READ_PIECE_BYTES = 64 * limits.MiB  # a tensor bigger than this is read as several items
 READ_GROUP_BYTES = 256 * limits.MiB  # a load is read in groups this big, checksums overlapping the next
+WHOLE_GROUPS_IN_FLIGHT = 1  # whole-file loads: a group is read while the one before is still arriving
 BATCH_ITEMS_MAX = 4096  # items per batch call (the client's limit is far higher; keeps replies bounded)
 
 
@@ -296,13 +297,14 @@ def read_file_whole(client, attr, entries: list[TensorEntry], verify: bool, wher
 
     backer = ThreadPoolExecutor(1, thread_name_prefix="threefs-ckpt-back")
     backed = [backer.submit(back, k) for k in range(len(groups))]
+    pending: list = []
     try:
-        with ThreadPoolExecutor(1, thread_name_prefix="threefs-ckpt-read") as reader:
-            pending = reader.submit(read_group, 0) if groups else None
+        with ThreadPoolExecutor(WHOLE_GROUPS_IN_FLIGHT, thread_name_prefix="threefs-ckpt-read") as reader:
+            pending = [reader.submit(read_group, k) for k in range(min(WHOLE_GROUPS_IN_FLIGHT, len(groups)))]
             for k in range(len(groups)):
-                pending.result()
-                if k + 1 < len(groups):
-                    pending = reader.submit(read_group, k + 1)
+                pending[k].result()
+                if k + WHOLE_GROUPS_IN_FLIGHT < len(groups):
+                    pending.append(reader.submit(read_group, k + WHOLE_GROUPS_IN_FLIGHT))
                 for e in checks[k]:
                     part = view[e.offset:e.offset + e.nbytes]
                     crc = crc32c.crc32c(part)
@@ -313,7 +315,7 @@ def read_file_whole(client, attr, entries: list[TensorEntry], verify: bool, wher
                                            f"{where}: tensor {e.name!r} failed its checksum (stored {e.crc:#010x}, "
                                            f"read {crc:#010x}); the checkpoint is damaged")
     finally:
-        for f in backed:
+        for f in backed + pending:
             f.cancel()
         backer.shutdown()
     return [_view_of(e, buf) for e in entries]
