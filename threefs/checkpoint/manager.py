@@ -38,6 +38,7 @@ from threefs.common.status import StatusCode, status_error
 CHUNK_SIZE_DEFAULT = 4 * limits.MiB  # checkpoint files are written and read in big pieces
 STEP_RE = re.compile(r"^step-(\d+)$")
 PARTIAL_PREFIX = ".partial-"
+WHOLE_FILE_LOAD = True  # a whole load reads each data file in whole chunks (see load); False: per tensor
 
 
 def step_dir_name(step: int) -> str:
@@ -239,7 +240,11 @@ class CheckpointManager:
         tensors and values by dotted name ("model.layers.0.weight", prefix "model"); `into` is a
         state dict whose tensors are read into in place where dtype and shape match (contiguous CPU
         tensors receive the bytes straight from storage). map_location moves loaded torch tensors
-        ("cuda:0", torch.device). verify checks every tensor's crc32c (default: the manager's)."""
+        ("cuda:0", torch.device). verify checks every tensor's crc32c (default: the manager's).
+
+        A whole load (no names/prefixes/into) reads each data file into one fresh host buffer in
+        whole chunks; the tensors are views of their bytes of it (each its own torch storage), and the
+        buffer is freed when the last of them is."""
         step = self.resolve_step(step)
         index = self.index(step)
         return load_index(self.client, self.path_of(step), index,
@@ -363,7 +368,7 @@ def load_index(client, path: str, index: fmt.Index, rank: int, *, names=None, pr
         dests = dict(enc.tensors)
     attrs: dict[str, Any] = {}
     loaded: dict[int, Any] = {}
-    if into is None and names is None and prefixes is None:  # everything: whole files, whole chunks
+    if WHOLE_FILE_LOAD and into is None and names is None and prefixes is None:  # whole files, whole chunks
         by_file: dict[str, list[int]] = {}
         for i, e in enumerate(part.tensors):
             by_file.setdefault(e.file, []).append(i)
