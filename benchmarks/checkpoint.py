@@ -7,8 +7,9 @@ local disk.
 
 --engines runs the threefs part once per chunk engine (a fresh cluster each; the local rows run in each);
 --methods keeps the methods whose name contains one of the words; --profile records py-spy (raw folded
-stacks) of every storage process and of this process during the first cold CheckpointManager load, and
-prints CPU seconds per GB per process for that load.
+stacks) of every storage process and of this process during the first cold CheckpointManager load
+(non-blocking sampling: py-spy's default pauses the process for each sample, which inflated the figures);
+CPU seconds per GB per process for that load are printed with or without it.
 
 State dicts are transformer-shaped (bf16 embeddings, per layer q/k/v/o hidden x hidden, gate/up/down
 hidden x ffn, two norms) scaled to the requested size. Every method saves the same dict and loads it
@@ -174,7 +175,7 @@ class Profile:
             spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
             for name, pid in self.pids.items():
                 self.spies.append(subprocess.Popen(
-                    [spy, "record", "-r", "200", "-p", str(pid), "-f", "raw", "-o",
+                    [spy, "record", "--nonblocking", "-r", "200", "-p", str(pid), "-f", "raw", "-o",
                      os.path.join(self.directory, f"{name}.txt")] + (["--threads"] if name == "loader" else []),
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             time.sleep(1.0)  # py-spy attaches
@@ -209,6 +210,7 @@ def run_size(fs: Client, tmp: str, cluster_dir: str, gib: float, rounds: int, mn
             del out
             drop_cache(cluster_dir if name.startswith("threefs") else local)
             if r == 0 and name == "threefs CheckpointManager" and pids:
+                gc.collect()  # outside the CPU window (timed() collects again, with nothing left to do)
                 with Profile({**pids, "loader": os.getpid()}, profile) as prof:
                     tc, out = timed(lambda: touch(load()))  # cold: read from the disk
                 print("cold CheckpointManager load, CPU s per GB: " + ", ".join(

@@ -38,6 +38,7 @@ from threefs.common.status import StatusCode, status_error
 CHUNK_SIZE_DEFAULT = 4 * limits.MiB  # checkpoint files are written and read in big pieces
 STEP_RE = re.compile(r"^step-(\d+)$")
 PARTIAL_PREFIX = ".partial-"
+WHOLE_FILE_LOAD = True  # a whole load reads each data file in whole chunks (see load); False: per tensor
 
 
 def step_dir_name(step: int) -> str:
@@ -239,7 +240,11 @@ class CheckpointManager:
         tensors and values by dotted name ("model.layers.0.weight", prefix "model"); `into` is a
         state dict whose tensors are read into in place where dtype and shape match (contiguous CPU
         tensors receive the bytes straight from storage). map_location moves loaded torch tensors
-        ("cuda:0", torch.device). verify checks every tensor's crc32c (default: the manager's)."""
+        ("cuda:0", torch.device). verify checks every tensor's crc32c (default: the manager's).
+
+        A whole load (no names/prefixes/into) reads each data file into one fresh host buffer in
+        whole chunks; the tensors are views of their bytes of it (each its own torch storage), and the
+        buffer is freed when the last of them is."""
         step = self.resolve_step(step)
         index = self.index(step)
         return load_index(self.client, self.path_of(step), index,
@@ -363,8 +368,18 @@ def load_index(client, path: str, index: fmt.Index, rank: int, *, names=None, pr
         dests = dict(enc.tensors)
     attrs: dict[str, Any] = {}
     loaded: dict[int, Any] = {}
-    reads, copies = [], []
+    if WHOLE_FILE_LOAD and into is None and names is None and prefixes is None:  # whole files, whole chunks
+        by_file: dict[str, list[int]] = {}
+        for i, e in enumerate(part.tensors):
+            by_file.setdefault(e.file, []).append(i)
+        for file, idx in by_file.items():
+            attr = client.stat(f"{path}/{file}")
+            got = tensor_io.read_file_whole(client, attr, [part.tensors[i] for i in idx], verify, path)
+            loaded.update(zip(idx, got))
+    reads, copies, fresh = [], [], set()
     for i, e in enumerate(part.tensors):
+        if i in loaded:
+            continue
         if not wanted(e.name):
             continue
         if e.file not in attrs:
@@ -375,12 +390,13 @@ def load_index(client, path: str, index: fmt.Index, rank: int, *, names=None, pr
                                f"{e.shape} in the checkpoint but {_describe(dest)} in `into`")
         target = dest if dest is not None and tensor_io.byte_view(dest) is not None else None
         if target is None:
-            target = tensor_io.empty_like_entry(e)
+            target = tensor_io.empty_like_entry(e, back=False)
+            fresh.add(id(target))
             if dest is not None:
                 copies.append((dest, target))
         reads.append((e, attrs[e.file], target))
         loaded[i] = dest if dest is not None else target
-    tensor_io.read_into(client, reads, verify, path)
+    tensor_io.read_into(client, reads, verify, path, back=fresh)
     for dest, tmp in copies:
         dest.copy_(tmp) if hasattr(dest, "copy_") else dest.__setitem__(Ellipsis, tmp)
     moved = _mover(map_location)

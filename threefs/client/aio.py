@@ -275,7 +275,8 @@ class AsyncClient:
             for span in split_range(layout.chunk_size, offset, len(data))))
         return len(data)
 
-    async def batch_read(self, requests: list[tuple[m.InodeAttr, int, memoryview]]) -> list[int | ThreeFSError]:
+    async def batch_read(self, requests: list[tuple[m.InodeAttr, int, memoryview]], *,
+                         check_arrival: bool = True) -> list[int | ThreeFSError]:
         """Many (file attr, offset, destination) reads in one go; a result (bytes or error) per item.
 
         The file ranges are cut into chunk IOs in bulk (numpy, per file not per IO in Python) into one
@@ -286,6 +287,7 @@ class AsyncClient:
         if not requests:
             return []
         built = self.build_read_batch(await self.mgmtd.get(), requests)
+        built[0].check_arrival = check_arrival  # see Client.batch_read
         await self.storage.read_batch(built[0])
         return read_results(*built)
 

@@ -417,20 +417,26 @@ class Client:
                     progress(n)
         return total
 
-    def batch_read(self, items, *, raise_on_error: bool = True) -> list:
+    def batch_read(self, items, *, raise_on_error: bool = True, check_arrival: bool = True) -> list:
         """Read many (file, offset, buffer) or (file, offset, length, buffer) items with all their
         IOs in flight together (see threefs.client.batch).
 
         `file` is a path, an InodeAttr or an open file; `buffer` any writable contiguous buffer
         (bytearray, memoryview, numpy array). Returns bytes read per item (short at end of file); with
         raise_on_error=False failed items hold their exception instead.
+
+        check_arrival=False skips the per-IO crc32c of the bytes against the one storage computed as
+        it read them (damage between storage and this process), for callers that check their own
+        end-to-end checksum of the bytes afterwards and read again with the check on if it fails (the
+        checkpoint loader). Storage's own check of whole chunks against their write-time crc stays.
         """
         items = list(items)
         batch.check_batch_size(len(items))
         resolved = batch.resolve_read_items(self, items)
-        return _check_results(batch.run_partial(resolved, self._read_requests), raise_on_error)
+        return _check_results(batch.run_partial(resolved, lambda reqs: self._read_requests(reqs, check_arrival)),
+                              raise_on_error)
 
-    def _read_requests(self, requests: list) -> list:
+    def _read_requests(self, requests: list, check_arrival: bool = True) -> list:
         """Read resolved (attr, offset, view) requests: from the caller's thread where it can
         (client/storage_sync.py), the rest on the event loop's path."""
         aio = self.aio  # a forked child reconnects here
@@ -438,9 +444,10 @@ class Client:
         routing = aio.mgmtd.routing
         if (sync is None or lt is None or routing is None or len(requests) > limits.BATCH_IOS_MAX
                 or threading.get_ident() == lt._thread.ident):
-            return self.run(aio.batch_read(requests))
+            return self.run(aio.batch_read(requests, check_arrival=check_arrival))
         built = aio.build_read_batch(routing, requests)
         rb = built[0]
+        rb.check_arrival = check_arrival
         retry = sync.read(rb)
         if retry is None:
             self.run(aio.storage.read_batch(rb))
