@@ -219,6 +219,70 @@ def cmd_kv(args) -> None:
 
 
 # -- creates -------------------------------------------------------------------------------------------
+STATS_KEYS = ("requests", "txns", "commits", "commit_batches", "conflicts", "clear_rounds", "grv", "reads",
+              "grv_wait_s", "replica_wait_s", "commit_wait_s")
+
+
+def kv_stats(stats_dir: str) -> dict[str, float]:
+    """The sum of the etcd engines' counters (THREEFS_KV_STATS_DIR dumps of the meta and mgmtd processes)."""
+    import json
+
+    total = dict.fromkeys(STATS_KEYS, 0.0)
+    for name in os.listdir(stats_dir):
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(stats_dir, name)) as f:
+                    stats = json.load(f)
+            except (OSError, ValueError):
+                continue
+            for key in STATS_KEYS:
+                total[key] += stats.get(key, 0)
+    return total
+
+
+def _counted_client(conf: str, k: int, files: int, tag: str, barrier, results) -> None:
+    from threefs.client.client import Client
+
+    with Client.connect(conf) as fs:
+        d = f"/counted-{tag}/c{k}"
+        fs.mkdir(d, parents=True, exist_ok=True)
+        barrier.wait()
+        start = time.perf_counter()
+        for i in range(files):
+            with fs.open(f"{d}/f{i}", "xb"):
+                pass
+        fs.close()  # the deferred closes (close_many) belong to the creates
+        results.put((start, time.perf_counter()))
+
+
+def counted_creates(conf: str, clients: int, files: int, tag: str, stats_dir: str) -> dict[str, float]:
+    """Creates by `clients` processes with the etcd engines' counters read before and after: per create,
+    etcd requests, transactions, commits and conflicts (what bounds the rate), and the rate itself."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(clients + 1), ctx.Queue()
+    procs = [ctx.Process(target=_counted_client, args=(conf, k, files // clients, tag, barrier, results))
+             for k in range(clients)]
+    for p in procs:
+        p.start()
+    barrier.wait()  # every client connected and has its directory
+    time.sleep(STATS_SETTLE_S)
+    before = kv_stats(stats_dir)
+    spans = [results.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(60)
+    time.sleep(STATS_SETTLE_S)
+    after = kv_stats(stats_dir)
+    n = files // clients * clients
+    out = {key: (after[key] - before[key]) / n for key in STATS_KEYS}
+    out["rate"] = n / (max(e for _, e in spans) - min(s for s, _ in spans))
+    return out
+
+
+STATS_SETTLE_S = 1.2  # the engines dump their counters every 0.5 s
+
+
 def cmd_creates(args) -> None:
     """threefs creates/s (open O_CREAT|O_EXCL + close, metadata.py's create phase, one process per client)
     on a local cluster whose mgmtd + 2 meta keep the metadata on SQLite, then on a 3-member etcd."""
@@ -228,6 +292,9 @@ def cmd_creates(args) -> None:
     print(f"threefs creates/s, {args.clients} client processes, {args.files} files in all; "
           f"load {open('/proc/loadavg').read().split()[:3]}")
     with tempfile.TemporaryDirectory(prefix="threefs-creates-") as tmp:
+        stats_dir = os.path.join(tmp, "kv-stats")
+        os.makedirs(stats_dir)
+        os.environ["THREEFS_KV_STATS_DIR"] = stats_dir  # inherited by the clusters' services
         with EtcdCluster(Path(tmp) / "etcd", members=args.members) as etcd:
             rates = {}
             for rep in range(args.repeats):
@@ -240,6 +307,17 @@ def cmd_creates(args) -> None:
                     try:
                         rate = run_system("threefs", str(cluster.client_config_path), args.clients, args.files,
                                           f"r{rep}", [])["create"][0]  # (ops/s, client µs, server µs)
+                        if name != "sqlite" and rep == 0:
+                            c = counted_creates(str(cluster.client_config_path), args.clients, args.files,
+                                                f"r{rep}", stats_dir)
+                            print(f"  {name:8} per create (a second, counted pass at {c['rate']:.0f}/s): "
+                                  f"{c['requests']:.2f} etcd requests, {c['txns']:.2f} transactions, "
+                                  f"{c['commits']:.2f} commits in {c['commit_batches']:.2f} etcd Txns, "
+                                  f"{c['conflicts']:.3f} conflicts, {c['clear_rounds']:.3f} clear rounds, "
+                                  f"{c['grv']:.2f} read versions, {c['reads']:.2f} etcd reads; waits "
+                                  f"{c['grv_wait_s'] * 1e3:.1f} ms read version, {c['replica_wait_s'] * 1e3:.1f} ms "
+                                  f"replica, {c['commit_wait_s'] * 1e3:.1f} ms commit (summed over the "
+                                  f"create's transactions)", flush=True)
                     finally:
                         cluster.down()
                     rates[name] = max(rates.get(name, 0.0), rate)
