@@ -3,7 +3,7 @@ etcd beside SQLite.
 
     .venv/bin/python benchmarks/scaleout.py reads [--hosts 1,2,3,4] [--mbit 200] [--mib 48]
     .venv/bin/python benchmarks/scaleout.py kv [--seconds 2] [--repeats 3] [--tasks 1,8] [--no-fsync] [--direct]
-    .venv/bin/python benchmarks/scaleout.py creates [--clients 8] [--files 800] [--repeats 1] [--direct]
+    .venv/bin/python benchmarks/scaleout.py creates [--clients 8] [--files 800] [--repeats 1] [--direct] [--eager-grv]
 
 reads (root: network namespaces, threefs/testing/netns.py): hosts ctl (mgmtd + meta), s1..sN (one storage
 service each, link capped to --mbit each way with tbf) and cli (uncapped), started with `threefs up --spec`.
@@ -255,7 +255,16 @@ def _counted_client(conf: str, k: int, files: int, tag: str, barrier, results) -
         results.put((start, time.perf_counter()))
 
 
-def counted_creates(conf: str, clients: int, files: int, tag: str, stats_dir: str) -> dict[str, float]:
+def _cpu_s(pid: int) -> float:
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def counted_creates(conf: str, clients: int, files: int, tag: str, stats_dir: str,
+                    pids: dict[str, list[int]]) -> dict[str, float]:
     """Creates by `clients` processes with the etcd engines' counters read before and after: per create,
     etcd requests, transactions, commits and conflicts (what bounds the rate), and the rate itself."""
     import multiprocessing as mp
@@ -269,13 +278,17 @@ def counted_creates(conf: str, clients: int, files: int, tag: str, stats_dir: st
     barrier.wait()  # every client connected and has its directory
     time.sleep(STATS_SETTLE_S)
     before = kv_stats(stats_dir)
+    cpu0 = {group: sum(_cpu_s(p) for p in members) for group, members in pids.items()}
     spans = [results.get(timeout=600) for _ in procs]
+    cpu1 = {group: sum(_cpu_s(p) for p in members) for group, members in pids.items()}
     for p in procs:
         p.join(60)
     time.sleep(STATS_SETTLE_S)
     after = kv_stats(stats_dir)
     n = files // clients * clients
     out = {key: (after[key] - before[key]) / n for key in STATS_KEYS}
+    for group in pids:
+        out["cpu " + group] = (cpu1[group] - cpu0[group]) / n
     out["rate"] = n / (max(e for _, e in spans) - min(s for s, _ in spans))
     return out
 
@@ -301,15 +314,20 @@ def cmd_creates(args) -> None:
                 systems = [("sqlite", ""), ("etcd", etcd.kv_url(f"fs{rep}"))]
                 if args.direct:
                     systems.append(("etcd direct", etcd.kv_url(f"fd{rep}") + "?replica=off"))
+                if args.eager_grv:
+                    systems.append(("etcd eager", etcd.kv_url(f"fe{rep}")))
                 for name, kv in systems:
                     cluster = LocalCluster(os.path.join(tmp, f"cluster-{name.replace(' ', '-')}-{rep}"))
+                    os.environ["THREEFS_ETCD_EAGER_GRV"] = "1" if name == "etcd eager" else "0"
                     cluster.up(3, 3, meta=2, kv=kv)
                     try:
-                        rate = run_system("threefs", str(cluster.client_config_path), args.clients, args.files,
-                                          f"r{rep}", [])["create"][0]  # (ops/s, client µs, server µs)
-                        if name != "sqlite" and rep == 0:
+                        if name != "sqlite" and rep == 0:  # before run_system, whose unlinks keep GC busy
+                            running = cluster.running()
+                            pids = {"meta": [p for n, p in running.items() if n.startswith("meta")],
+                                    "etcd": [m.process.pid for m in etcd.members if m.process is not None],
+                                    "other services": [p for n, p in running.items() if not n.startswith("meta")]}
                             c = counted_creates(str(cluster.client_config_path), args.clients, args.files,
-                                                f"r{rep}", stats_dir)
+                                                f"r{rep}", stats_dir, pids)
                             print(f"  {name:8} per create (a second, counted pass at {c['rate']:.0f}/s): "
                                   f"{c['requests']:.2f} etcd requests, {c['txns']:.2f} transactions, "
                                   f"{c['commits']:.2f} commits in {c['commit_batches']:.2f} etcd Txns, "
@@ -317,7 +335,10 @@ def cmd_creates(args) -> None:
                                   f"{c['grv']:.2f} read versions, {c['reads']:.2f} etcd reads; waits "
                                   f"{c['grv_wait_s'] * 1e3:.1f} ms read version, {c['replica_wait_s'] * 1e3:.1f} ms "
                                   f"replica, {c['commit_wait_s'] * 1e3:.1f} ms commit (summed over the "
-                                  f"create's transactions)", flush=True)
+                                  f"create's transactions); CPU ms per create: "
+                                  + ", ".join(f"{g} {c['cpu ' + g] * 1e3:.2f}" for g in pids), flush=True)
+                        rate = run_system("threefs", str(cluster.client_config_path), args.clients, args.files,
+                                          f"r{rep}", [])["create"][0]  # (ops/s, client µs, server µs)
                     finally:
                         cluster.down()
                     rates[name] = max(rates.get(name, 0.0), rate)
@@ -327,6 +348,9 @@ def cmd_creates(args) -> None:
                   f"goal >= 0.5x)")
             if args.direct:
                 print(f"  -> etcd without its replica / sqlite = {rates['etcd direct'] / rates['sqlite']:.2f}x")
+            if args.eager_grv:
+                print(f"  -> etcd asking read versions eagerly / sqlite = "
+                      f"{rates['etcd eager'] / rates['sqlite']:.2f}x")
 
 
 def main() -> None:
@@ -354,6 +378,8 @@ def main() -> None:
     c.add_argument("--repeats", type=int, default=1)
     c.add_argument("--members", type=int, default=3, help="etcd members (1: what one member costs, not HA)")
     c.add_argument("--direct", action="store_true", help="also etcd with ?replica=off (every read from etcd)")
+    c.add_argument("--eager-grv", action="store_true", help="also etcd with speculative transactions asking "
+                   "their read version at the start (THREEFS_ETCD_EAGER_GRV=1)")
     c.set_defaults(fn=cmd_creates)
     args = p.parse_args()
     args.fn(args)

@@ -105,6 +105,10 @@ REPLICA_TOO_BIG_RETRY_S = 60.0  # a KV over REPLICA_KEYS_MAX is counted again af
 LEADER_CHECK_S = 3.0  # how often the engine checks that it talks to the leader
 LEADER_CHECK_TIMEOUT_S = 1.0
 REPLICA_LOAD_WAIT_S = 5.0  # open_etcd waits this long for the replica (then serves without it meanwhile)
+# A speculative transaction asks for a read version only when it must validate (a read-only commit, an error,
+# a first send that failed): most commits then cost one etcd request. Asking at the start instead (eager)
+# narrows what validation must check but costs etcd a linearizable read per few transactions.
+SPECULATIVE_EAGER_GRV = os.environ.get("THREEFS_ETCD_EAGER_GRV") == "1"
 STATS_DUMP_S = 0.5  # with THREEFS_KV_STATS_DIR set
 REPLICA_HISTORY_S = MVCC_WINDOW_S + 2.0  # replaced versions are kept this long, so reads at a valid rv hit
 
@@ -1090,8 +1094,9 @@ class _EtcdTransaction(BufferedTransaction):
         self._read_version = self._spec_version = replica.progress
         self._read_time_s = taken_s
         self._replica = replica
-        self._grv_task = asyncio.ensure_future(engine.read_version())
-        self._grv_task.add_done_callback(_retrieve)
+        if SPECULATIVE_EAGER_GRV:
+            self._grv_task = asyncio.ensure_future(engine.read_version())
+            self._grv_task.add_done_callback(_retrieve)
         return True
 
     async def validate(self) -> bool:
@@ -1105,8 +1110,11 @@ class _EtcdTransaction(BufferedTransaction):
         if not reads:
             self._validated = spec
             return True
-        assert self._grv_task is not None and self._replica is not None
-        version = await self._grv_task
+        assert self._replica is not None
+        if self._grv_task is None:  # taken now, after the transaction began: as good, if later
+            self._grv_task = asyncio.ensure_future(self._engine.read_version())
+            self._grv_task.add_done_callback(_retrieve)
+        version = await asyncio.shield(self._grv_task)
         if version > spec:
             replica = self._replica
             if not await replica.wait(version, REPLICA_WAIT_S) or replica.changed(reads, spec, version):
