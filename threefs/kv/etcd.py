@@ -17,6 +17,11 @@ Layout under `prefix` (default "threefs"):
   watch on [prefix/d/, prefix/e]; a transaction waits (bounded) until the watch has applied its read version,
   then reads locally. Compaction, dead or frozen watch members fall back to etcd reads, never to stale ones.
 
+- Speculative transactions (EtcdEngine.run only): reads at the replica's progress with no read-version round
+  trip; the commit compares snapshot reads too against that version, and a failed first send, a read-only
+  commit or an error raised by the operation wait for a read version and check on the replica that nothing
+  read changed up to it (else KV_CONFLICT, retried), so one round trip per create. docs/etcd.md.
+
 - version = etcd revision. A transaction's read version is the version key's mod_revision, by a linearizable
   read (without a replica: the revision of its first get, which returns the value too); concurrent transactions of one
   engine share such reads (FoundationDB's GRV batching: a transaction waits for a read *sent after it asked*,
@@ -866,8 +871,10 @@ class EtcdEngine(KVEngine):
                 return value
             if outcome == "conflict":
                 self.stats["conflicts"] += 1
-                raise KVConflictError(StatusCode.KV_CONFLICT, f"KV conflict: a key read at version "
+                exc = KVConflictError(StatusCode.KV_CONFLICT, f"KV conflict: a key read at version "
                                       f"{read_version} was written by a later commit")
+                exc.revision = value  # the version key when it failed: a read version taken after the send
+                raise exc
             # "clear": a clear_range committed since our read version; check its ranges exactly.
             self.stats["clear_rounds"] += 1
             commit.cr_expected = await self._check_clear_log(commit)
@@ -957,7 +964,12 @@ class EtcdEngine(KVEngine):
         cr = counter[0]["mod_revision"] if counter else 0
         assert commit.read_version is not None
         moved = cr > commit.read_version if commit.cr_expected is None else cr != commit.cr_expected
-        return ("clear" if moved else "conflict"), 0
+        if moved:
+            return "clear", 0
+        # The version key as the failed Txn saw it: the latest commit under the prefix then, at or above every
+        # commit acknowledged before this one was sent, and a revision the replica's watch reaches.
+        stamp = _kvs(responses[2]) if len(responses) > 2 else []
+        return "conflict", stamp[0]["mod_revision"] if stamp else 0
 
     def _txn(self, commit: _Commit, lease: int, stamp: bool = False) -> bytes:
         """The etcd Txn of one commit: compares, writes (with `stamp`, the version key too), and a failure
@@ -978,7 +990,8 @@ class EtcdEngine(KVEngine):
         if stamp:
             success.append(self._stamp)
         failure = [wire.op_range(wire.range_request(token, keys_only=True)),
-                   wire.op_range(wire.range_request(self.clear_counter, keys_only=True))]
+                   wire.op_range(wire.range_request(self.clear_counter, keys_only=True)),
+                   wire.op_range(wire.range_request(self.version_key, keys_only=True))]
         return wire.txn_request(compares, success, failure)
 
     def _write_ops(self, commit: _Commit, lease: int) -> list[bytes]:
@@ -1099,10 +1112,12 @@ class _EtcdTransaction(BufferedTransaction):
             self._grv_task.add_done_callback(_retrieve)
         return True
 
-    async def validate(self) -> bool:
+    async def validate(self, seen: int = 0) -> bool:
         """Whether the reads of a speculative transaction were current: nothing read (snapshot reads
         included) changed between its speculative version and a read version taken after it began. Then
-        that read version is the transaction's (`_validated`). Always True for other transactions."""
+        that read version is the transaction's (`_validated`). Always True for other transactions. `seen`:
+        the version key's mod_revision read by an etcd Txn sent after the transaction began (a failed first
+        send), which serves as that read version without asking for one."""
         if self._spec_version is None or self._validated is not None:
             return True
         spec = self._spec_version
@@ -1111,10 +1126,13 @@ class _EtcdTransaction(BufferedTransaction):
             self._validated = spec
             return True
         assert self._replica is not None
-        if self._grv_task is None:  # taken now, after the transaction began: as good, if later
-            self._grv_task = asyncio.ensure_future(self._engine.read_version())
-            self._grv_task.add_done_callback(_retrieve)
-        version = await asyncio.shield(self._grv_task)
+        if seen:
+            version = seen
+        else:
+            if self._grv_task is None:  # taken now, after the transaction began: as good, if later
+                self._grv_task = asyncio.ensure_future(self._engine.read_version())
+                self._grv_task.add_done_callback(_retrieve)
+            version = await asyncio.shield(self._grv_task)
         if version > spec:
             replica = self._replica
             if not await replica.wait(version, REPLICA_WAIT_S) or replica.changed(reads, spec, version):
@@ -1189,12 +1207,13 @@ class _EtcdTransaction(BufferedTransaction):
         try:
             version = await engine.commit(self._spec_version, coalesce([*reads, *self._snap_reads]),
                                           self._writes, ident)
-        except KVConflictError:
-            # Something read changed after the speculative version: if only before the transaction began (or
-            # not at all, for a snapshot read), the same writes are sent again (same token: at most one
-            # applies) at the validated read version, with the usual compares; else it is a conflict.
+        except KVConflictError as exc:
+            # Something compared changed after the speculative version. If no value read changed up to the
+            # version the failed Txn saw (a write-conflict marker, a clear of nothing), the same writes are sent
+            # again (same token: at most one applies) at that read version with the usual compares, where
+            # snapshot reads are not compared; else it is a conflict, and run() retries at a fresher version.
             engine.stats["spec_resends"] += 1
-            if not await self.validate():
+            if not await self.validate(getattr(exc, "revision", 0)):
                 raise
             assert self._validated is not None
             self._check_age()
