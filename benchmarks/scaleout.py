@@ -220,7 +220,7 @@ def cmd_kv(args) -> None:
 
 # -- creates -------------------------------------------------------------------------------------------
 STATS_KEYS = ("requests", "txns", "commits", "commit_batches", "conflicts", "clear_rounds", "grv", "reads",
-              "grv_wait_s", "replica_wait_s", "commit_wait_s")
+              "grv_wait_s", "replica_wait_s", "commit_wait_s", "txn_call_s")
 
 
 def kv_stats(stats_dir: str) -> dict[str, float]:
@@ -240,13 +240,31 @@ def kv_stats(stats_dir: str) -> dict[str, float]:
     return total
 
 
-def _counted_client(conf: str, k: int, files: int, tag: str, barrier, results) -> None:
+def _connect(conf: str):
+    """Client.connect, retried for CONNECT_RETRY_S: on a loaded machine mgmtd's 1.5 s primary lease can lapse
+    for a moment (a lease pass delayed past it), and a client starting then is told to retry."""
     from threefs.client.client import Client
+    from threefs.common.status import StatusCode, ThreeFSError
 
-    with Client.connect(conf) as fs:
+    deadline = time.monotonic() + CONNECT_RETRY_S
+    while True:
+        try:
+            return Client.connect(conf)
+        except ThreeFSError as exc:
+            if exc.code != StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+CONNECT_RETRY_S = 30.0
+BARRIER_TIMEOUT_S = 120.0
+
+
+def _counted_client(conf: str, k: int, files: int, tag: str, barrier, results) -> None:
+    with _connect(conf) as fs:
         d = f"/counted-{tag}/c{k}"
         fs.mkdir(d, parents=True, exist_ok=True)
-        barrier.wait()
+        barrier.wait(BARRIER_TIMEOUT_S)
         start = time.perf_counter()
         for i in range(files):
             with fs.open(f"{d}/f{i}", "xb"):
@@ -275,7 +293,12 @@ def counted_creates(conf: str, clients: int, files: int, tag: str, stats_dir: st
              for k in range(clients)]
     for p in procs:
         p.start()
-    barrier.wait()  # every client connected and has its directory
+    try:
+        barrier.wait(BARRIER_TIMEOUT_S)  # every client connected and has its directory
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
     time.sleep(STATS_SETTLE_S)
     before = kv_stats(stats_dir)
     cpu0 = {group: sum(_cpu_s(p) for p in members) for group, members in pids.items()}
@@ -319,8 +342,8 @@ def cmd_creates(args) -> None:
                 for name, kv in systems:
                     cluster = LocalCluster(os.path.join(tmp, f"cluster-{name.replace(' ', '-')}-{rep}"))
                     os.environ["THREEFS_ETCD_EAGER_GRV"] = "1" if name == "etcd eager" else "0"
-                    cluster.up(3, 3, meta=2, kv=kv)
                     try:
+                        cluster.up(3, 3, meta=2, kv=kv)  # inside: a failed start leaves services to stop
                         if name != "sqlite" and rep == 0:  # before run_system, whose unlinks keep GC busy
                             running = cluster.running()
                             pids = {"meta": [p for n, p in running.items() if n.startswith("meta")],
@@ -335,7 +358,9 @@ def cmd_creates(args) -> None:
                                   f"{c['grv']:.2f} read versions, {c['reads']:.2f} etcd reads; waits "
                                   f"{c['grv_wait_s'] * 1e3:.1f} ms read version, {c['replica_wait_s'] * 1e3:.1f} ms "
                                   f"replica, {c['commit_wait_s'] * 1e3:.1f} ms commit (summed over the "
-                                  f"create's transactions); CPU ms per create: "
+                                  f"create's transactions; etcd Txn calls "
+                                  f"{c['txn_call_s'] / max(c['commit_batches'], 1e-9) * 1e3:.1f} ms each); CPU ms "
+                                  f"per create: "
                                   + ", ".join(f"{g} {c['cpu ' + g] * 1e3:.2f}" for g in pids), flush=True)
                         rate = run_system("threefs", str(cluster.client_config_path), args.clients, args.files,
                                           f"r{rep}", [])["create"][0]  # (ops/s, client µs, server µs)

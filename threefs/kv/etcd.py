@@ -99,7 +99,7 @@ BATCH_BYTES_MAX = 4 << 20  # of keys and values per batch, well under etcd's --m
 # Batches of one engine in flight at once; whatever queues meanwhile goes in the next one, so batches grow
 # with load. Measured on 2 loaded cores, 8 tasks, create-shaped commits/s, two runs: 1 -> 349/499,
 # 2 -> 459/463, 4 -> 307/228, 8 -> 391/231 (on the JSON gateway, where requests cost more CPU, 1 was best).
-COMMITS_IN_FLIGHT = 2
+COMMITS_IN_FLIGHT = int(os.environ.get("THREEFS_ETCD_COMMITS_IN_FLIGHT", "2"))
 READS_IN_FLIGHT = 2
 GRVS_IN_FLIGHT = 1  # 1, 4 or 8 in flight: no difference above the noise (in-process meta creates, load 18)
 # The replica (a copy of every data key, kept exact by a watch; see _Replica):
@@ -375,7 +375,7 @@ class EtcdEngine(KVEngine):
                       "replica_stalls": 0, "replica_loads": 0, "watch_streams": 0, "watch_events": 0,
                       "conflicts": 0, "clear_rounds": 0, "txns": 0, "grv_waits": 0,
                       "speculative": 0, "spec_resends": 0, "spec_stale": 0, "stale_errors": 0,
-                      "grv_wait_s": 0.0, "replica_wait_s": 0.0, "commit_wait_s": 0.0}
+                      "grv_wait_s": 0.0, "replica_wait_s": 0.0, "commit_wait_s": 0.0, "txn_call_s": 0.0}
         # THREEFS_KV_STATS_DIR: every STATS_DUMP_S, this engine writes its stats to etcd-<pid>-<id>.json there
         # (benchmarks read them from the meta and mgmtd processes: round trips and conflicts per operation).
         self._stats_dir = os.environ.get("THREEFS_KV_STATS_DIR") or None
@@ -931,12 +931,15 @@ class EtcdEngine(KVEngine):
         for _ in range(3):  # a lease lost under us (expired during a long stall): take a new one
             try:
                 lease = await self.lease()
+                t0 = time.perf_counter()
                 if len(batch) == 1:
                     reply = await self.call("txn", self._txn(batch[0], lease, stamp=True))
+                    self.stats["txn_call_s"] += time.perf_counter() - t0
                     return [self._outcome(batch[0], reply, reply["header"]["revision"])]
                 # The version key once, outside the nested Txns (etcd refuses a key put twice in one Txn).
                 ops = [*(wire.op_txn(self._txn(c, lease)) for c in batch), self._stamp]
                 reply = await self.call("txn", wire.txn_request([], ops))
+                self.stats["txn_call_s"] += time.perf_counter() - t0
             except _LeaseLost:
                 continue
             except ThreeFSError:
