@@ -110,9 +110,9 @@ REPLICA_TOO_BIG_RETRY_S = 60.0  # a KV over REPLICA_KEYS_MAX is counted again af
 LEADER_CHECK_S = 3.0  # how often the engine checks that it talks to the leader
 LEADER_CHECK_TIMEOUT_S = 1.0
 REPLICA_LOAD_WAIT_S = 5.0  # open_etcd waits this long for the replica (then serves without it meanwhile)
-# A speculative transaction asks for a read version only when it must validate (a read-only commit, an error,
-# a first send that failed): most commits then cost one etcd request. Asking at the start instead (eager)
-# narrows what validation must check but costs etcd a linearizable read per few transactions.
+# A speculative transaction asks for a read version at its first snapshot read (validation then checks a short
+# interval, so a snapshot key written concurrently is no conflict), else only when it must validate (a failed
+# first send, whose reply carries one; a read-only commit; an error). Eager: at the start, always.
 SPECULATIVE_EAGER_GRV = os.environ.get("THREEFS_ETCD_EAGER_GRV") == "1"
 STATS_DUMP_S = 0.5  # with THREEFS_KV_STATS_DIR set
 REPLICA_HISTORY_S = MVCC_WINDOW_S + 2.0  # replaced versions are kept this long, so reads at a valid rv hit
@@ -1111,9 +1111,14 @@ class _EtcdTransaction(BufferedTransaction):
         self._read_time_s = taken_s
         self._replica = replica
         if SPECULATIVE_EAGER_GRV:
-            self._grv_task = asyncio.ensure_future(engine.read_version())
-            self._grv_task.add_done_callback(_retrieve)
+            self._ask_read_version()
         return True
+
+    def _ask_read_version(self) -> None:
+        """Ask for the read version validation may need, now (once)."""
+        if self._grv_task is None:
+            self._grv_task = asyncio.ensure_future(self._engine.read_version())
+            self._grv_task.add_done_callback(_retrieve)
 
     async def validate(self, seen: int = 0) -> bool:
         """Whether the reads of a speculative transaction were current: nothing read (snapshot reads
@@ -1129,12 +1134,12 @@ class _EtcdTransaction(BufferedTransaction):
             self._validated = spec
             return True
         assert self._replica is not None
-        if seen:
+        if seen and self._grv_task is None:
             version = seen
         else:
-            if self._grv_task is None:  # taken now, after the transaction began: as good, if later
-                self._grv_task = asyncio.ensure_future(self._engine.read_version())
-                self._grv_task.add_done_callback(_retrieve)
+            # The earliest read version taken after the transaction began is the best: the interval to check
+            # is the shortest (a snapshot read's key changed after it is no conflict at all).
+            self._ask_read_version()
             version = await asyncio.shield(self._grv_task)
         if version > spec:
             replica = self._replica
@@ -1152,6 +1157,9 @@ class _EtcdTransaction(BufferedTransaction):
             value = await super().get(key, snapshot=True)
             if self._spec_version is not None:
                 self._snap_reads.append((key, key_after(key)))
+                # A snapshot key written concurrently (a directory's record during creates beside ours) fails
+                # the first send; validation then needs a read version from about now, not from after it.
+                self._ask_read_version()
             return value
         if (self._read_version is None and self._version_task is None and engine._replica is None
                 and not self._writes.lookup(key)[0]):
@@ -1187,6 +1195,7 @@ class _EtcdTransaction(BufferedTransaction):
                 self._snap_reads.append((begin, key_after(rows[-1][0])) if not reverse else (rows[-1][0], end))
             else:
                 self._snap_reads.append((begin, end))
+            self._ask_read_version()
         return rows
 
     async def commit(self) -> int:
