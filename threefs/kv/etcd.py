@@ -110,9 +110,9 @@ REPLICA_TOO_BIG_RETRY_S = 60.0  # a KV over REPLICA_KEYS_MAX is counted again af
 LEADER_CHECK_S = 3.0  # how often the engine checks that it talks to the leader
 LEADER_CHECK_TIMEOUT_S = 1.0
 REPLICA_LOAD_WAIT_S = 5.0  # open_etcd waits this long for the replica (then serves without it meanwhile)
-# A speculative transaction asks for a read version at its first snapshot read (validation then checks a short
-# interval, so a snapshot key written concurrently is no conflict), else only when it must validate (a failed
-# first send, whose reply carries one; a read-only commit; an error). Eager: at the start, always.
+# A speculative transaction asks for a read version only when it must validate (a failed first send, whose reply
+# carries one; a read-only commit; an error); a retried attempt also at its first snapshot read (validation then
+# checks a short interval, so a snapshot key written concurrently is no conflict). Eager: at the start, always.
 SPECULATIVE_EAGER_GRV = os.environ.get("THREEFS_ETCD_EAGER_GRV") == "1"
 STATS_DUMP_S = 0.5  # with THREEFS_KV_STATS_DIR set
 REPLICA_HISTORY_S = MVCC_WINDOW_S + 2.0  # replaced versions are kept this long, so reads at a valid rv hit
@@ -411,7 +411,8 @@ class EtcdEngine(KVEngine):
         while True:  # bounded: each pass uses one of retries_max + 1 attempts
             if self._closed:
                 raise status_error(StatusCode.KV_ERROR, f"etcd KV {self.endpoints} is closed")
-            tr = _EtcdTransaction(self, speculative=self.speculative)
+            # A retried attempt asks for its read version at its first snapshot read (see _EtcdTransaction.get).
+            tr = _EtcdTransaction(self, speculative=self.speculative, ask_early=attempt > 0)
             scope = asyncio.timeout_at(deadline)
             try:
                 async with scope:
@@ -1052,8 +1053,9 @@ class _EtcdTransaction(BufferedTransaction):
     `read_version` / add_read_conflict_* paths (rarely the first call of a transaction) fall back to a
     blocking request."""
 
-    def __init__(self, engine: EtcdEngine, speculative: bool = False):
+    def __init__(self, engine: EtcdEngine, speculative: bool = False, ask_early: bool = False):
         super().__init__(clock=engine.clock, window_s=engine.window_s)
+        self._ask_early = ask_early or SPECULATIVE_EAGER_GRV
         self._engine = engine
         self._version_task: asyncio.Future | None = None
         self._replica: _Replica | None = None  # serves this transaction's reads when live at its read version
@@ -1158,8 +1160,11 @@ class _EtcdTransaction(BufferedTransaction):
             if self._spec_version is not None:
                 self._snap_reads.append((key, key_after(key)))
                 # A snapshot key written concurrently (a directory's record during creates beside ours) fails
-                # the first send; validation then needs a read version from about now, not from after it.
-                self._ask_read_version()
+                # the first send, and validation against the read version its reply carries finds it changed:
+                # a retry. The retried attempt asks for a read version now, so that such a write, after it,
+                # is no conflict (the second send goes without the compare).
+                if self._ask_early:
+                    self._ask_read_version()
             return value
         if (self._read_version is None and self._version_task is None and engine._replica is None
                 and not self._writes.lookup(key)[0]):
@@ -1195,7 +1200,8 @@ class _EtcdTransaction(BufferedTransaction):
                 self._snap_reads.append((begin, key_after(rows[-1][0])) if not reverse else (rows[-1][0], end))
             else:
                 self._snap_reads.append((begin, end))
-            self._ask_read_version()
+            if self._ask_early:
+                self._ask_read_version()
         return rows
 
     async def commit(self) -> int:
