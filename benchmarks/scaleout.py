@@ -3,7 +3,7 @@ etcd beside SQLite.
 
     .venv/bin/python benchmarks/scaleout.py reads [--hosts 1,2,3,4] [--mbit 200] [--mib 48]
     .venv/bin/python benchmarks/scaleout.py kv [--seconds 2] [--repeats 3] [--tasks 1,8] [--no-fsync] [--direct]
-    .venv/bin/python benchmarks/scaleout.py creates [--clients 8] [--files 800] [--repeats 1] [--direct]
+    .venv/bin/python benchmarks/scaleout.py creates [--clients 8] [--files 800] [--repeats 1] [--direct] [--eager-grv]
 
 reads (root: network namespaces, threefs/testing/netns.py): hosts ctl (mgmtd + meta), s1..sN (one storage
 service each, link capped to --mbit each way with tbf) and cli (uncapped), started with `threefs up --spec`.
@@ -219,6 +219,106 @@ def cmd_kv(args) -> None:
 
 
 # -- creates -------------------------------------------------------------------------------------------
+STATS_KEYS = ("requests", "txns", "commits", "commit_batches", "conflicts", "clear_rounds", "grv", "reads",
+              "grv_wait_s", "replica_wait_s", "commit_wait_s", "txn_call_s")
+
+
+def kv_stats(stats_dir: str) -> dict[str, float]:
+    """The sum of the etcd engines' counters (THREEFS_KV_STATS_DIR dumps of the meta and mgmtd processes)."""
+    import json
+
+    total = dict.fromkeys(STATS_KEYS, 0.0)
+    for name in os.listdir(stats_dir):
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(stats_dir, name)) as f:
+                    stats = json.load(f)
+            except (OSError, ValueError):
+                continue
+            for key in STATS_KEYS:
+                total[key] += stats.get(key, 0)
+    return total
+
+
+def _connect(conf: str):
+    """Client.connect, retried for CONNECT_RETRY_S: on a loaded machine mgmtd's 1.5 s primary lease can lapse
+    for a moment (a lease pass delayed past it), and a client starting then is told to retry."""
+    from threefs.client.client import Client
+    from threefs.common.status import StatusCode, ThreeFSError
+
+    deadline = time.monotonic() + CONNECT_RETRY_S
+    while True:
+        try:
+            return Client.connect(conf)
+        except ThreeFSError as exc:
+            if exc.code != StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+CONNECT_RETRY_S = 30.0
+BARRIER_TIMEOUT_S = 120.0
+
+
+def _counted_client(conf: str, k: int, files: int, tag: str, barrier, results) -> None:
+    with _connect(conf) as fs:
+        d = f"/counted-{tag}/c{k}"
+        fs.mkdir(d, parents=True, exist_ok=True)
+        barrier.wait(BARRIER_TIMEOUT_S)
+        start = time.perf_counter()
+        for i in range(files):
+            with fs.open(f"{d}/f{i}", "xb"):
+                pass
+        fs.close()  # the deferred closes (close_many) belong to the creates
+        results.put((start, time.perf_counter()))
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def counted_creates(conf: str, clients: int, files: int, tag: str, stats_dir: str,
+                    pids: dict[str, list[int]]) -> dict[str, float]:
+    """Creates by `clients` processes with the etcd engines' counters read before and after: per create,
+    etcd requests, transactions, commits and conflicts (what bounds the rate), and the rate itself."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(clients + 1), ctx.Queue()
+    procs = [ctx.Process(target=_counted_client, args=(conf, k, files // clients, tag, barrier, results))
+             for k in range(clients)]
+    for p in procs:
+        p.start()
+    try:
+        barrier.wait(BARRIER_TIMEOUT_S)  # every client connected and has its directory
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    time.sleep(STATS_SETTLE_S)
+    before = kv_stats(stats_dir)
+    cpu0 = {group: sum(_cpu_s(p) for p in members) for group, members in pids.items()}
+    spans = [results.get(timeout=600) for _ in procs]
+    cpu1 = {group: sum(_cpu_s(p) for p in members) for group, members in pids.items()}
+    for p in procs:
+        p.join(60)
+    time.sleep(STATS_SETTLE_S)
+    after = kv_stats(stats_dir)
+    n = files // clients * clients
+    out = {key: (after[key] - before[key]) / n for key in STATS_KEYS}
+    for group in pids:
+        out["cpu " + group] = (cpu1[group] - cpu0[group]) / n
+    out["rate"] = n / (max(e for _, e in spans) - min(s for s, _ in spans))
+    return out
+
+
+STATS_SETTLE_S = 1.2  # the engines dump their counters every 0.5 s
+
+
 def cmd_creates(args) -> None:
     """threefs creates/s (open O_CREAT|O_EXCL + close, metadata.py's create phase, one process per client)
     on a local cluster whose mgmtd + 2 meta keep the metadata on SQLite, then on a 3-member etcd."""
@@ -228,16 +328,40 @@ def cmd_creates(args) -> None:
     print(f"threefs creates/s, {args.clients} client processes, {args.files} files in all; "
           f"load {open('/proc/loadavg').read().split()[:3]}")
     with tempfile.TemporaryDirectory(prefix="threefs-creates-") as tmp:
+        stats_dir = os.path.join(tmp, "kv-stats")
+        os.makedirs(stats_dir)
+        os.environ["THREEFS_KV_STATS_DIR"] = stats_dir  # inherited by the clusters' services
         with EtcdCluster(Path(tmp) / "etcd", members=args.members) as etcd:
             rates = {}
             for rep in range(args.repeats):
                 systems = [("sqlite", ""), ("etcd", etcd.kv_url(f"fs{rep}"))]
                 if args.direct:
                     systems.append(("etcd direct", etcd.kv_url(f"fd{rep}") + "?replica=off"))
+                if args.eager_grv:
+                    systems.append(("etcd eager", etcd.kv_url(f"fe{rep}")))
                 for name, kv in systems:
                     cluster = LocalCluster(os.path.join(tmp, f"cluster-{name.replace(' ', '-')}-{rep}"))
-                    cluster.up(3, 3, meta=2, kv=kv)
+                    os.environ["THREEFS_ETCD_EAGER_GRV"] = "1" if name == "etcd eager" else "0"
                     try:
+                        cluster.up(3, 3, meta=2, kv=kv)  # inside: a failed start leaves services to stop
+                        if name != "sqlite" and rep == 0:  # before run_system, whose unlinks keep GC busy
+                            running = cluster.running()
+                            pids = {"meta": [p for n, p in running.items() if n.startswith("meta")],
+                                    "etcd": [m.process.pid for m in etcd.members if m.process is not None],
+                                    "other services": [p for n, p in running.items() if not n.startswith("meta")]}
+                            c = counted_creates(str(cluster.client_config_path), args.clients, args.files,
+                                                f"r{rep}", stats_dir, pids)
+                            print(f"  {name:8} per create (a second, counted pass at {c['rate']:.0f}/s): "
+                                  f"{c['requests']:.2f} etcd requests, {c['txns']:.2f} transactions, "
+                                  f"{c['commits']:.2f} commits in {c['commit_batches']:.2f} etcd Txns, "
+                                  f"{c['conflicts']:.3f} conflicts, {c['clear_rounds']:.3f} clear rounds, "
+                                  f"{c['grv']:.2f} read versions, {c['reads']:.2f} etcd reads; waits "
+                                  f"{c['grv_wait_s'] * 1e3:.1f} ms read version, {c['replica_wait_s'] * 1e3:.1f} ms "
+                                  f"replica, {c['commit_wait_s'] * 1e3:.1f} ms commit (summed over the "
+                                  f"create's transactions; etcd Txn calls "
+                                  f"{c['txn_call_s'] / max(c['commit_batches'], 1e-9) * 1e3:.1f} ms each); CPU ms "
+                                  f"per create: "
+                                  + ", ".join(f"{g} {c['cpu ' + g] * 1e3:.2f}" for g in pids), flush=True)
                         rate = run_system("threefs", str(cluster.client_config_path), args.clients, args.files,
                                           f"r{rep}", [])["create"][0]  # (ops/s, client µs, server µs)
                     finally:
@@ -249,6 +373,9 @@ def cmd_creates(args) -> None:
                   f"goal >= 0.5x)")
             if args.direct:
                 print(f"  -> etcd without its replica / sqlite = {rates['etcd direct'] / rates['sqlite']:.2f}x")
+            if args.eager_grv:
+                print(f"  -> etcd asking read versions eagerly / sqlite = "
+                      f"{rates['etcd eager'] / rates['sqlite']:.2f}x")
 
 
 def main() -> None:
@@ -276,6 +403,8 @@ def main() -> None:
     c.add_argument("--repeats", type=int, default=1)
     c.add_argument("--members", type=int, default=3, help="etcd members (1: what one member costs, not HA)")
     c.add_argument("--direct", action="store_true", help="also etcd with ?replica=off (every read from etcd)")
+    c.add_argument("--eager-grv", action="store_true", help="also etcd with speculative transactions asking "
+                   "their read version at the start (THREEFS_ETCD_EAGER_GRV=1)")
     c.set_defaults(fn=cmd_creates)
     args = p.parse_args()
     args.fn(args)

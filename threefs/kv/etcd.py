@@ -17,6 +17,11 @@ Layout under `prefix` (default "threefs"):
   watch on [prefix/d/, prefix/e]; a transaction waits (bounded) until the watch has applied its read version,
   then reads locally. Compaction, dead or frozen watch members fall back to etcd reads, never to stale ones.
 
+- Speculative transactions (EtcdEngine.run only): reads at the replica's progress with no read-version round
+  trip; the commit compares snapshot reads too against that version, and a failed first send, a read-only
+  commit or an error raised by the operation wait for a read version and check on the replica that nothing
+  read changed up to it (else KV_CONFLICT, retried), so one round trip per create. docs/etcd.md.
+
 - version = etcd revision. A transaction's read version is the version key's mod_revision, by a linearizable
   read (without a replica: the revision of its first get, which returns the value too); concurrent transactions of one
   engine share such reads (FoundationDB's GRV batching: a transaction waits for a read *sent after it asked*,
@@ -55,8 +60,10 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import json
 import logging
 import os
+import random
 import time
 import urllib.parse
 from bisect import bisect_left, insort
@@ -70,7 +77,8 @@ import msgspec
 
 from threefs.common.status import KVConflictError, StatusCode, ThreeFSError, status_error
 from threefs.kv import etcd_wire as wire
-from threefs.kv.api import MVCC_WINDOW_S, KVEngine, Transaction
+from threefs.kv.api import (MVCC_WINDOW_S, RETRY_BACKOFF_S_MAX, RETRY_BACKOFF_S_MIN, RETRYABLE_CODES, KVEngine,
+                            Transaction)
 from threefs.kv.txn import BufferedTransaction, Range, WriteBuffer, check_key, coalesce, find_overlap, key_after
 
 log = logging.getLogger(__name__)
@@ -91,7 +99,7 @@ BATCH_BYTES_MAX = 4 << 20  # of keys and values per batch, well under etcd's --m
 # Batches of one engine in flight at once; whatever queues meanwhile goes in the next one, so batches grow
 # with load. Measured on 2 loaded cores, 8 tasks, create-shaped commits/s, two runs: 1 -> 349/499,
 # 2 -> 459/463, 4 -> 307/228, 8 -> 391/231 (on the JSON gateway, where requests cost more CPU, 1 was best).
-COMMITS_IN_FLIGHT = 2
+COMMITS_IN_FLIGHT = int(os.environ.get("THREEFS_ETCD_COMMITS_IN_FLIGHT", "2"))
 READS_IN_FLIGHT = 2
 GRVS_IN_FLIGHT = 1  # 1, 4 or 8 in flight: no difference above the noise (in-process meta creates, load 18)
 # The replica (a copy of every data key, kept exact by a watch; see _Replica):
@@ -102,6 +110,11 @@ REPLICA_TOO_BIG_RETRY_S = 60.0  # a KV over REPLICA_KEYS_MAX is counted again af
 LEADER_CHECK_S = 3.0  # how often the engine checks that it talks to the leader
 LEADER_CHECK_TIMEOUT_S = 1.0
 REPLICA_LOAD_WAIT_S = 5.0  # open_etcd waits this long for the replica (then serves without it meanwhile)
+# A speculative transaction asks for a read version only when it must validate (a failed first send, whose reply
+# carries one; a read-only commit; an error); a retried attempt also at its first snapshot read (validation then
+# checks a short interval, so a snapshot key written concurrently is no conflict). Eager: at the start, always.
+SPECULATIVE_EAGER_GRV = os.environ.get("THREEFS_ETCD_EAGER_GRV") == "1"
+STATS_DUMP_S = 0.5  # with THREEFS_KV_STATS_DIR set
 REPLICA_HISTORY_S = MVCC_WINDOW_S + 2.0  # replaced versions are kept this long, so reads at a valid rv hit
 
 _TRANSIENT_ERRORS = ("no leader", "leader changed", "timed out", "not capable", "unhealthy", "stopped",
@@ -213,6 +226,26 @@ class _Replica:
                     break
         return rows
 
+    def changed(self, ranges: list[Range], after: int, upto: int) -> bool:
+        """Whether any key in `ranges` has a version in (after, upto] (needs floor <= after, upto <=
+        progress: else True, the safe answer)."""
+        if not self.live or after < self.floor or upto > self.progress:
+            return True
+        keys, versions = self.keys, self.versions
+        for begin, end in ranges:
+            if end == key_after(begin):
+                found = versions.get(begin)
+                candidates = [found] if found is not None else []
+            else:
+                candidates = [versions[k] for k in keys[bisect_left(keys, begin):bisect_left(keys, end)]]
+            for history in candidates:
+                for rev, _ in reversed(history):
+                    if rev <= after:
+                        break
+                    if rev <= upto:
+                        return True
+        return False
+
     def apply(self, events: list[tuple[bytes, bytes | None, int]], revision: int) -> None:
         """Events (key, value or None, revision) of revisions above `progress`, in order; then progress =
         `revision` (the last of them: etcd never splits a revision across watch responses)."""
@@ -300,7 +333,7 @@ class EtcdEngine(KVEngine):
     def __init__(self, endpoints: list[str], prefix: str = DEFAULT_PREFIX, *,
                  clock: Callable[[], float] = time.time, window_s: float = MVCC_WINDOW_S,
                  request_deadline_s: float = REQUEST_DEADLINE_S, batching: bool = True,
-                 lease_ttl_s: int = LEASE_TTL_S, replica: bool = True):
+                 lease_ttl_s: int = LEASE_TTL_S, replica: bool = True, speculative: bool = True):
         if not endpoints or len(endpoints) > ENDPOINTS_MAX:
             raise ThreeFSError(StatusCode.INVALID_ARGUMENT, f"etcd KV needs 1..{ENDPOINTS_MAX} endpoints, "
                                f"got {len(endpoints)}")
@@ -339,29 +372,95 @@ class EtcdEngine(KVEngine):
                                  self._pick_independent if batching else (lambda items: [0]))
         self.stats = {"requests": 0, "commit_batches": 0, "commits": 0, "read_batches": 0, "reads": 0,
                       "grv": 0, "clear_checks": 0, "batch_splits": 0, "replica_reads": 0, "replica_misses": 0,
-                      "replica_stalls": 0, "replica_loads": 0, "watch_streams": 0, "watch_events": 0}
+                      "replica_stalls": 0, "replica_loads": 0, "watch_streams": 0, "watch_events": 0,
+                      "conflicts": 0, "clear_rounds": 0, "txns": 0, "grv_waits": 0,
+                      "speculative": 0, "spec_resends": 0, "spec_stale": 0, "stale_errors": 0,
+                      "grv_wait_s": 0.0, "replica_wait_s": 0.0, "commit_wait_s": 0.0, "txn_call_s": 0.0}
+        # THREEFS_KV_STATS_DIR: every STATS_DUMP_S, this engine writes its stats to etcd-<pid>-<id>.json there
+        # (benchmarks read them from the meta and mgmtd processes: round trips and conflicts per operation).
+        self._stats_dir = os.environ.get("THREEFS_KV_STATS_DIR") or None
+        self._stats_task: asyncio.Task | None = None
         self._replica_wanted = replica
         self._replica: _Replica | None = None  # live once loaded; None while (re)loading or off
         self._replica_task: asyncio.Task | None = None
         self._leader_task: asyncio.Task | None = None
         self._watch_task: asyncio.Task | None = None
         self.watch_index: int | None = None  # the endpoint the watch stream was last opened on
+        self.acked_revision = 0  # the highest revision of a commit this engine acknowledged
+        self.speculative = speculative
 
     def transaction(self) -> Transaction:
         if self._closed:
             raise status_error(StatusCode.KV_ERROR, f"etcd KV {self.endpoints} is closed")
         return _EtcdTransaction(self)
 
+    async def run(self, fn: Callable[[Transaction], Awaitable[T]], *, retries_max: int = 100,
+                  timeout_s: float = 10.0) -> T:
+        """KVEngine.run, with speculative transactions (see _EtcdTransaction): their reads come from the
+        replica at its progress without waiting for a read version, and are validated before anything
+        derived from them leaves: the commit checks them, a read-only commit and an error raised by `fn` wait
+        for a read version and check that nothing read changed up to it (else the attempt is retried, as on
+        a conflict)."""
+        if retries_max < 0 or timeout_s <= 0:
+            raise ThreeFSError(StatusCode.INVALID_ARGUMENT, f"run(): retries_max={retries_max} must be >= 0 "
+                               f"and timeout_s={timeout_s} > 0")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        backoff_s = RETRY_BACKOFF_S_MIN
+        attempt = 0
+        while True:  # bounded: each pass uses one of retries_max + 1 attempts
+            if self._closed:
+                raise status_error(StatusCode.KV_ERROR, f"etcd KV {self.endpoints} is closed")
+            # A retried attempt asks for its read version at its first snapshot read (see _EtcdTransaction.get).
+            tr = _EtcdTransaction(self, speculative=self.speculative, ask_early=attempt > 0)
+            scope = asyncio.timeout_at(deadline)
+            try:
+                async with scope:
+                    try:
+                        result = await fn(tr)
+                    except Exception as exc:
+                        if isinstance(exc, ThreeFSError) and exc.code in RETRYABLE_CODES:
+                            raise
+                        # An error derived from speculative reads is only an answer if they were current.
+                        if not await tr.validate():
+                            self.stats["stale_errors"] += 1
+                            raise KVConflictError(StatusCode.KV_CONFLICT, "KV conflict: the transaction's "
+                                                  "reads were stale when it failed") from exc
+                        raise
+                    await tr.commit()
+                return result
+            except ThreeFSError as exc:
+                tr.cancel()
+                if exc.code not in RETRYABLE_CODES or attempt >= retries_max:
+                    raise
+                delay_s = random.uniform(0, backoff_s)
+                if loop.time() + delay_s >= deadline:
+                    raise
+            except TimeoutError:
+                tr.cancel()
+                if not scope.expired():  # fn's own timeout, not our deadline
+                    raise
+                raise status_error(StatusCode.TIMEOUT, f"KV transaction did not finish within {timeout_s} s "
+                                   f"({attempt + 1} attempts)") from None
+            except BaseException:
+                tr.cancel()
+                raise
+            await asyncio.sleep(delay_s)
+            backoff_s = min(backoff_s * 2, RETRY_BACKOFF_S_MAX)
+            attempt += 1
+
     async def close(self) -> None:
         self._closed = True
-        for task in (self._replica_task, self._leader_task):
+        if self._stats_dir is not None:
+            self._dump_stats()
+        for task in (self._replica_task, self._leader_task, self._stats_task):
             if task is not None:
                 task.cancel()
                 try:
                     await task
                 except BaseException:  # noqa: BLE001 - ended on purpose; its errors were logged
                     pass
-        self._replica_task = self._leader_task = None
+        self._replica_task = self._leader_task = self._stats_task = None
         if self._replica is not None:
             self._replica.close()
             self._replica = None
@@ -520,6 +619,22 @@ class EtcdEngine(KVEngine):
             self._leader_task = loop.create_task(self._leader_loop())
         if self._replica_wanted and self._replica_task is None:
             self._replica_task = loop.create_task(self._replica_loop())
+        if self._stats_dir is not None and self._stats_task is None:
+            self._stats_task = loop.create_task(self._stats_loop())
+
+    async def _stats_loop(self) -> None:
+        while not self._closed:  # ends with the engine (close cancels it)
+            await asyncio.sleep(STATS_DUMP_S)
+            self._dump_stats()
+
+    def _dump_stats(self) -> None:
+        path = os.path.join(self._stats_dir, f"etcd-{os.getpid()}-{self._engine_id.decode()}.json")
+        try:
+            with open(path + ".tmp", "w") as f:
+                json.dump({"time": time.time(), **self.stats}, f)
+            os.replace(path + ".tmp", path)
+        except OSError as exc:
+            log.debug("etcd KV: stats not written to %s: %s", path, exc)
 
     async def start_replica(self, timeout_s: float = REPLICA_LOAD_WAIT_S) -> bool:
         """Start loading the replica and wait up to `timeout_s` for it; whether it is live (if not, reads go
@@ -733,22 +848,36 @@ class EtcdEngine(KVEngine):
         return rows
 
     # -- commits --------------------------------------------------------------------------------------------
-    async def commit(self, read_version: int | None, reads: list[Range], writes: WriteBuffer) -> int:
-        """Commit `writes` if nothing written after `read_version` overlaps `reads` (module docstring)."""
+    def new_ident(self) -> bytes:
+        """A commit's token name, unique to this engine and commit."""
         self._commit_seq += 1
+        return self._engine_id + b"-%d" % self._commit_seq
+
+    async def commit(self, read_version: int | None, reads: list[Range], writes: WriteBuffer,
+                     ident: bytes | None = None) -> int:
+        """Commit `writes` if nothing written after `read_version` overlaps `reads` (module docstring).
+        `ident`: the token of an earlier send of the same writes that failed its compares (a speculative
+        transaction's second send, see _EtcdTransaction), so that at most one of them ever applies."""
         size = sum(len(k) + len(v or b"") for k, v in writes.ops.items()) + sum(len(b) + len(e) for b, e in reads)
-        commit = _Commit(ident=self._engine_id + b"-%d" % self._commit_seq, read_version=read_version,
+        commit = _Commit(ident=ident or self.new_ident(), read_version=read_version,
                          reads=reads, writes=writes, write_ranges=writes.write_ranges(), size_bytes=size,
                          has_clear=bool(writes.cleared))
         self._last_commit = commit  # for tests
         for _ in range(COMMIT_ATTEMPTS_MAX):
+            t0 = time.perf_counter()
             outcome, value = await self._commits.submit(commit)
+            self.stats["commit_wait_s"] += time.perf_counter() - t0
             if outcome == "ok":
+                self.acked_revision = max(self.acked_revision, value)
                 return value
             if outcome == "conflict":
-                raise KVConflictError(StatusCode.KV_CONFLICT, f"KV conflict: a key read at version "
+                self.stats["conflicts"] += 1
+                exc = KVConflictError(StatusCode.KV_CONFLICT, f"KV conflict: a key read at version "
                                       f"{read_version} was written by a later commit")
+                exc.revision = value  # the version key when it failed: a read version taken after the send
+                raise exc
             # "clear": a clear_range committed since our read version; check its ranges exactly.
+            self.stats["clear_rounds"] += 1
             commit.cr_expected = await self._check_clear_log(commit)
         raise KVConflictError(StatusCode.KV_CONFLICT, f"KV commit lost {COMMIT_ATTEMPTS_MAX} rounds to "
                               f"concurrent clear_range commits; retry")
@@ -803,12 +932,15 @@ class EtcdEngine(KVEngine):
         for _ in range(3):  # a lease lost under us (expired during a long stall): take a new one
             try:
                 lease = await self.lease()
+                t0 = time.perf_counter()
                 if len(batch) == 1:
                     reply = await self.call("txn", self._txn(batch[0], lease, stamp=True))
+                    self.stats["txn_call_s"] += time.perf_counter() - t0
                     return [self._outcome(batch[0], reply, reply["header"]["revision"])]
                 # The version key once, outside the nested Txns (etcd refuses a key put twice in one Txn).
                 ops = [*(wire.op_txn(self._txn(c, lease)) for c in batch), self._stamp]
                 reply = await self.call("txn", wire.txn_request([], ops))
+                self.stats["txn_call_s"] += time.perf_counter() - t0
             except _LeaseLost:
                 continue
             except ThreeFSError:
@@ -836,7 +968,12 @@ class EtcdEngine(KVEngine):
         cr = counter[0]["mod_revision"] if counter else 0
         assert commit.read_version is not None
         moved = cr > commit.read_version if commit.cr_expected is None else cr != commit.cr_expected
-        return ("clear" if moved else "conflict"), 0
+        if moved:
+            return "clear", 0
+        # The version key as the failed Txn saw it: the latest commit under the prefix then, at or above every
+        # commit acknowledged before this one was sent, and a revision the replica's watch reaches.
+        stamp = _kvs(responses[2]) if len(responses) > 2 else []
+        return "conflict", stamp[0]["mod_revision"] if stamp else 0
 
     def _txn(self, commit: _Commit, lease: int, stamp: bool = False) -> bytes:
         """The etcd Txn of one commit: compares, writes (with `stamp`, the version key too), and a failure
@@ -857,7 +994,8 @@ class EtcdEngine(KVEngine):
         if stamp:
             success.append(self._stamp)
         failure = [wire.op_range(wire.range_request(token, keys_only=True)),
-                   wire.op_range(wire.range_request(self.clear_counter, keys_only=True))]
+                   wire.op_range(wire.range_request(self.clear_counter, keys_only=True)),
+                   wire.op_range(wire.range_request(self.version_key, keys_only=True))]
         return wire.txn_request(compares, success, failure)
 
     def _write_ops(self, commit: _Commit, lease: int) -> list[bytes]:
@@ -891,6 +1029,12 @@ class EtcdEngine(KVEngine):
         return ops
 
 
+def _retrieve(future: asyncio.Future) -> None:
+    """Done callback: a future nobody may await has its exception retrieved (asyncio would log it)."""
+    if not future.cancelled():
+        future.exception()
+
+
 class _LeaseLost(Exception):
     """etcd no longer knows the lease a request used (it expired during a stall): take a new one."""
 
@@ -909,11 +1053,18 @@ class _EtcdTransaction(BufferedTransaction):
     `read_version` / add_read_conflict_* paths (rarely the first call of a transaction) fall back to a
     blocking request."""
 
-    def __init__(self, engine: EtcdEngine):
+    def __init__(self, engine: EtcdEngine, speculative: bool = False, ask_early: bool = False):
         super().__init__(clock=engine.clock, window_s=engine.window_s)
+        self._ask_early = ask_early or SPECULATIVE_EAGER_GRV
         self._engine = engine
         self._version_task: asyncio.Future | None = None
         self._replica: _Replica | None = None  # serves this transaction's reads when live at its read version
+        # Speculative (only inside EtcdEngine.run): reads at the replica's progress, validated later.
+        self._speculative = speculative
+        self._spec_version: int | None = None  # the speculative read version, once taken
+        self._snap_reads: list[Range] = []  # snapshot reads, which a speculative read version must validate too
+        self._grv_task: asyncio.Future | None = None  # a true read version, asked for at the start
+        self._validated: int | None = None  # a read version at which every read was shown to be current
 
     async def _take_read_version(self) -> None:
         if self._read_version is not None:
@@ -925,16 +1076,96 @@ class _EtcdTransaction(BufferedTransaction):
     async def _start(self) -> None:
         """Read version, then the replica once its watch has reached it (or None: reads go to etcd)."""
         taken_s = self._clock()  # before the request: the transaction's age is never under-estimated
+        stats, t0 = self._engine.stats, time.perf_counter()
+        if self._speculative and await self._start_speculative(taken_s):
+            stats["txns"] += 1
+            stats["speculative"] += 1
+            stats["replica_wait_s"] += time.perf_counter() - t0
+            return
         version = await self._engine.read_version()
+        t1 = time.perf_counter()
         replica = await self._engine.replica_at(version)
+        stats["txns"] += 1
+        stats["grv_waits"] += 1
+        stats["grv_wait_s"] += t1 - t0
+        stats["replica_wait_s"] += time.perf_counter() - t1
         if self._read_version is None:
             self._read_version = version
             self._read_time_s = taken_s
             self._replica = replica
 
+    async def _start_speculative(self, taken_s: float) -> bool:
+        """Read at the replica's progress without waiting for a read version (one round trip less). The
+        replica first waits for this engine's own acknowledged commits (read-your-writes at no cost); what
+        other engines acknowledged may be missing, which validation catches: the commit compares every
+        read (snapshot ones too) against this version, and a read-only commit or an error waits for the
+        read version asked for here and checks that nothing read changed up to it."""
+        engine = self._engine
+        replica = engine._replica
+        if replica is None or not replica.live:
+            return False
+        if replica.progress < engine.acked_revision and not await replica.wait(engine.acked_revision,
+                                                                               REPLICA_WAIT_S):
+            return False
+        if self._read_version is not None or not replica.live:
+            return False
+        self._read_version = self._spec_version = replica.progress
+        self._read_time_s = taken_s
+        self._replica = replica
+        if SPECULATIVE_EAGER_GRV:
+            self._ask_read_version()
+        return True
+
+    def _ask_read_version(self) -> None:
+        """Ask for the read version validation may need, now (once)."""
+        if self._grv_task is None:
+            self._grv_task = asyncio.ensure_future(self._engine.read_version())
+            self._grv_task.add_done_callback(_retrieve)
+
+    async def validate(self, seen: int = 0) -> bool:
+        """Whether the reads of a speculative transaction were current: nothing read (snapshot reads
+        included) changed between its speculative version and a read version taken after it began. Then
+        that read version is the transaction's (`_validated`). Always True for other transactions. `seen`:
+        the version key's mod_revision read by an etcd Txn sent after the transaction began (a failed first
+        send), which serves as that read version without asking for one."""
+        if self._spec_version is None or self._validated is not None:
+            return True
+        spec = self._spec_version
+        reads = coalesce([*self._reads, *self._snap_reads])
+        if not reads:
+            self._validated = spec
+            return True
+        assert self._replica is not None
+        if seen and self._grv_task is None:
+            version = seen
+        else:
+            # The earliest read version taken after the transaction began is the best: the interval to check
+            # is the shortest (a snapshot read's key changed after it is no conflict at all).
+            self._ask_read_version()
+            version = await asyncio.shield(self._grv_task)
+        if version > spec:
+            replica = self._replica
+            if not await replica.wait(version, REPLICA_WAIT_S) or replica.changed(reads, spec, version):
+                self._engine.stats["spec_stale"] += 1
+                return False
+        self._validated = max(version, spec)
+        return True
+
     async def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
         self._check_open()
         engine = self._engine
+        if snapshot and self._speculative:
+            await self._take_read_version()
+            value = await super().get(key, snapshot=True)
+            if self._spec_version is not None:
+                self._snap_reads.append((key, key_after(key)))
+                # A snapshot key written concurrently (a directory's record during creates beside ours) fails
+                # the first send, and validation against the read version its reply carries finds it changed:
+                # a retry. The retried attempt asks for a read version now, so that such a write, after it,
+                # is no conflict (the second send goes without the compare).
+                if self._ask_early:
+                    self._ask_read_version()
+            return value
         if (self._read_version is None and self._version_task is None and engine._replica is None
                 and not self._writes.lookup(key)[0]):
             # No replica: the first read of the transaction is one linearizable read that gives the value and
@@ -963,12 +1194,50 @@ class _EtcdTransaction(BufferedTransaction):
     ) -> list[tuple[bytes, bytes]]:
         self._check_open()
         await self._take_read_version()
-        return await super().get_range(begin, end, limit=limit, reverse=reverse, snapshot=snapshot)
+        rows = await super().get_range(begin, end, limit=limit, reverse=reverse, snapshot=snapshot)
+        if snapshot and self._spec_version is not None and begin < end:
+            if limit and len(rows) == limit:  # only the part up to the last key returned was read
+                self._snap_reads.append((begin, key_after(rows[-1][0])) if not reverse else (rows[-1][0], end))
+            else:
+                self._snap_reads.append((begin, end))
+            if self._ask_early:
+                self._ask_read_version()
+        return rows
 
     async def commit(self) -> int:
         self._check_open()
         await self._take_read_version()
-        return await super().commit()
+        if self._spec_version is None:
+            return await super().commit()
+        engine = self._engine
+        self._state = "failed"  # until proven otherwise (BufferedTransaction.commit's rule)
+        if self._writes.is_empty():
+            if not await self.validate():
+                raise KVConflictError(StatusCode.KV_CONFLICT, "KV conflict: a key read was written by a "
+                                      "commit the transaction should have seen")
+            self._state = "committed"
+            assert self._validated is not None
+            return self._validated
+        # First send: every read, snapshot ones too, compared against the speculative version.
+        self._check_age()
+        ident = engine.new_ident()
+        reads = coalesce(self._reads)
+        try:
+            version = await engine.commit(self._spec_version, coalesce([*reads, *self._snap_reads]),
+                                          self._writes, ident)
+        except KVConflictError as exc:
+            # Something compared changed after the speculative version. If no value read changed up to the
+            # version the failed Txn saw (a write-conflict marker, a clear of nothing), the same writes are sent
+            # again (same token: at most one applies) at that read version with the usual compares, where
+            # snapshot reads are not compared; else it is a conflict, and run() retries at a fresher version.
+            engine.stats["spec_resends"] += 1
+            if not await self.validate(getattr(exc, "revision", 0)):
+                raise
+            assert self._validated is not None
+            self._check_age()
+            version = await engine.commit(self._validated if reads else None, reads, self._writes, ident)
+        self._state = "committed"
+        return version
 
     def _engine_read_version(self) -> int:
         return self._engine.read_version_blocking()
