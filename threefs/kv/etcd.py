@@ -411,8 +411,11 @@ class EtcdEngine(KVEngine):
         while True:  # bounded: each pass uses one of retries_max + 1 attempts
             if self._closed:
                 raise status_error(StatusCode.KV_ERROR, f"etcd KV {self.endpoints} is closed")
-            # A retried attempt asks for its read version at its first snapshot read (see _EtcdTransaction.get).
-            tr = _EtcdTransaction(self, speculative=self.speculative, ask_early=attempt > 0)
+            # Only the first attempt speculates. A retry takes a read version first and reads at it (from the
+            # replica once its watch has reached it, else from etcd): a replica whose watch is stuck behind
+            # would otherwise make every speculative attempt read the same stale keys and fail validation
+            # until the deadline (seen: a meta server's transactions timing out after 19 attempts).
+            tr = _EtcdTransaction(self, speculative=self.speculative and attempt == 0)
             scope = asyncio.timeout_at(deadline)
             try:
                 async with scope:
