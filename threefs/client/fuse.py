@@ -40,7 +40,7 @@ import pyfuse3
 
 from threefs.client.batch import ReadCoalescer
 from threefs.client.fuse_namespace import FUSE_ROOT, Namespace, decode, to_fuse
-from threefs.client.stream import ReadAhead, WriteBehind, segment_bytes
+from threefs.client.stream import SEGMENT_BYTES_MAX, ReadAhead, WriteBehind, segment_bytes
 from threefs.common import limits
 from threefs.common.buffers import BufferPool
 from threefs.common.status import errno_of
@@ -81,6 +81,7 @@ class MountOptions:
     write_behind_bytes: int = 64 * limits.MiB  # per open file
     read_ahead_bytes: int = 16 * limits.MiB  # prefetched per sequentially read open file
     read_ahead_kb: int = 4096  # the mount's bdi read_ahead_kb (FUSE requests are at most 1 MiB)
+    segment_bytes: int = 4 * limits.MiB  # read-ahead / write-behind IO unit (whole chunks, at least this)
     allow_other: bool = False
 
 
@@ -395,16 +396,22 @@ class ThreeFSOperations(pyfuse3.Operations):
     # -- files -----------------------------------------------------------------------------------
     def _open_handle(self, ino: int, rsp: m.OpenRsp, flags: int) -> pyfuse3.FileInfo:
         writer = None
+        seg = self._segment(rsp.attr.layout.chunk_size)
         if flags & os.O_ACCMODE != os.O_RDONLY or self.enable_writeback_cache:
-            writer = WriteBehind(self.aio, rsp.attr, segment_bytes(rsp.attr.layout.chunk_size),
-                                 self.options.write_behind_bytes)
-        seg = segment_bytes(rsp.attr.layout.chunk_size)
+            writer = WriteBehind(self.aio, rsp.attr, seg, self.options.write_behind_bytes)
         fh = next(self._fh)
         self._handles[fh] = Handle(ino, rsp.attr, rsp.session, writer,
                                    ReadAhead(self.aio, self._pool, seg, self.options.read_ahead_bytes,
                                              reader=self._reader))
         return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io,
                                 keep_cache=self._keep_cache(ino, rsp.attr))
+
+    def _segment(self, chunk_size: int) -> int:
+        """The stream's IO unit: whole chunks, at least options.segment_bytes (a 1 MiB kernel request is
+        then a piece of a larger storage read, and a segment is one request per storage service)."""
+        seg = segment_bytes(chunk_size)
+        want = min(max(seg, self.options.segment_bytes), SEGMENT_BYTES_MAX)
+        return max(seg, want // seg * seg)
 
     def _keep_cache(self, ino: int, attr: m.InodeAttr) -> bool:
         """Close-to-open: whether the kernel may keep the pages it cached of this file. Yes only when the

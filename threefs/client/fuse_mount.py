@@ -192,6 +192,7 @@ async def _serve(config, mnt: str, options) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop, sig.name)
+    loop.add_signal_handler(signal.SIGUSR1, _log_stats, ops)  # `kill -USR1 PID`: the counters so far
     tuner = asyncio.ensure_future(tune_read_ahead(mnt, options.read_ahead_kb, ops.initialized, ops.negotiated))
     mounted = True
     try:
@@ -201,10 +202,7 @@ async def _serve(config, mnt: str, options) -> None:
         raise
     finally:
         tuner.cancel()
-        gate = ops._gate
-        log.info("requests served: %s; small reads %d in %d storage batches; gate: %d reads in %d openings",
-                 dict(ops.stats), ops._coalescer.reads, ops._coalescer.batches, gate.held if gate else 0,
-                 gate.batches if gate else 0)
+        _log_stats(ops)
         await ops.release_all()
         try:
             pyfuse3.close(unmount=mounted)
@@ -212,6 +210,13 @@ async def _serve(config, mnt: str, options) -> None:
             if mount_entry(mnt) is not None:  # busy: detach it lazily, never leave it dangling
                 subprocess.run([FUSERMOUNT, "-u", "-z", mnt], capture_output=True)
             await aio.close()
+
+
+def _log_stats(ops) -> None:
+    gate = ops._gate
+    log.info("requests served: %s; small reads %d in %d storage batches; gate: %d reads in %d openings",
+             dict(ops.stats), ops._coalescer.reads, ops._coalescer.batches, gate.held if gate else 0,
+             gate.batches if gate else 0)
 
 
 def _syncfs(mnt: str) -> None:
