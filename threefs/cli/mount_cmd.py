@@ -18,7 +18,8 @@ def mount_options(args):
                         writeback_cache=args.writeback and not args.no_writeback,
                         keep_cache=not args.no_keep_cache, max_background=args.max_background,
                         read_ahead_kb=args.read_ahead_kb, read_ahead_bytes=args.prefetch_mb << 20,
-                        segment_bytes=args.segment_mb << 20, allow_other=args.allow_other)
+                        segment_bytes=args.segment_mb << 20, allow_other=args.allow_other,
+                        fast_dispatch=not args.pyfuse3_dispatch)
 
 
 def mount_args(args) -> list[str]:
@@ -29,6 +30,7 @@ def mount_args(args) -> list[str]:
            "--segment-mb", str(args.segment_mb)]
     out += ["--direct-io"] * args.direct_io + ["--no-writeback"] * args.no_writeback
     out += ["--writeback"] * args.writeback + ["--no-keep-cache"] * args.no_keep_cache
+    out += ["--pyfuse3-dispatch"] * args.pyfuse3_dispatch
     return out + ["--allow-other"] * args.allow_other
 
 
@@ -73,6 +75,9 @@ def add_mount_flags(p) -> None:
     p.add_argument("--segment-mb", type=int, default=4,
                    help="storage IO unit of the daemon's read-ahead and write-behind, in whole chunks "
                         "(default 4, at most 8)")
+    p.add_argument("--pyfuse3-dispatch", action="store_true",
+                   help="take kernel requests as pyfuse3 does (one worker kept, epoll changes per request); "
+                        "for comparison")
     p.add_argument("--attr-timeout", type=float, default=30.0,
                    help="seconds the kernel caches attributes (default 30, as 3FS)")
     p.add_argument("--entry-timeout", type=float, default=30.0,

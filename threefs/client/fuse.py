@@ -83,6 +83,7 @@ class MountOptions:
     read_ahead_kb: int = 4096  # the mount's bdi read_ahead_kb (FUSE requests are at most 1 MiB)
     segment_bytes: int = 4 * limits.MiB  # read-ahead / write-behind IO unit (whole chunks, at least this)
     allow_other: bool = False
+    fast_dispatch: bool = True  # kernel requests taken without per-request epoll changes, workers kept
 
 
 @dataclass
