@@ -19,7 +19,7 @@ def mount_options(args):
                         keep_cache=not args.no_keep_cache, max_background=args.max_background,
                         read_ahead_kb=args.read_ahead_kb, read_ahead_bytes=args.prefetch_mb << 20,
                         segment_bytes=args.segment_mb << 20, allow_other=args.allow_other,
-                        fast_dispatch=not args.pyfuse3_dispatch)
+                        fast_dispatch=not args.pyfuse3_dispatch, dir_cache=not args.no_dir_cache)
 
 
 def mount_args(args) -> list[str]:
@@ -30,7 +30,7 @@ def mount_args(args) -> list[str]:
            "--segment-mb", str(args.segment_mb)]
     out += ["--direct-io"] * args.direct_io + ["--no-writeback"] * args.no_writeback
     out += ["--writeback"] * args.writeback + ["--no-keep-cache"] * args.no_keep_cache
-    out += ["--pyfuse3-dispatch"] * args.pyfuse3_dispatch
+    out += ["--pyfuse3-dispatch"] * args.pyfuse3_dispatch + ["--no-dir-cache"] * args.no_dir_cache
     return out + ["--allow-other"] * args.allow_other
 
 
@@ -75,6 +75,9 @@ def add_mount_flags(p) -> None:
     p.add_argument("--segment-mb", type=int, default=4,
                    help="storage IO unit of the daemon's read-ahead and write-behind, in whole chunks "
                         "(default 4, at most 8)")
+    p.add_argument("--no-dir-cache", action="store_true",
+                   help="the kernel does not cache directory listings (by default it does, dropped at "
+                        "opendir when the directory changed)")
     p.add_argument("--pyfuse3-dispatch", action="store_true",
                    help="take kernel requests as pyfuse3 does (one worker kept, epoll changes per request); "
                         "for comparison")

@@ -83,6 +83,7 @@ class MountOptions:
     read_ahead_kb: int = 4096  # the mount's bdi read_ahead_kb (FUSE requests are at most 1 MiB)
     segment_bytes: int = 4 * limits.MiB  # read-ahead / write-behind IO unit (whole chunks, at least this)
     allow_other: bool = False
+    dir_cache: bool = True  # the kernel caches directory listings (dropped at opendir when changed)
     fast_dispatch: bool = True  # kernel requests taken without per-request epoll changes, workers kept
 
 
@@ -153,6 +154,8 @@ class ThreeFSOperations(pyfuse3.Operations):
         self._gate: KernelQueueGate | None = None
         self._reader = _GatedReader(self)
         self.negotiated: dict = {}  # what INIT settled (fuse_fallocate.install_init)
+        self.dir_cache = False  # the kernel caches listings (set when fuse_fallocate.install_dir_cache took)
+        self._listed: dict[int, tuple] = {}  # fuse ino of a directory -> (mtime, ctime) at its last opendir
         self.stats = collections.Counter()  # logged at unmount
 
     def init(self) -> None:
@@ -221,6 +224,7 @@ class ThreeFSOperations(pyfuse3.Operations):
                 self._meta_length.pop(ino, None)
                 self._cached.pop(ino, None)  # the kernel's inode is gone, and its pages with it
                 self._reported.pop(ino, None)
+                self._listed.pop(ino, None)
 
     @fuse_errors
     async def getattr(self, inode, ctx=None):
@@ -360,13 +364,33 @@ class ThreeFSOperations(pyfuse3.Operations):
     @fuse_errors
     async def opendir(self, inode, ctx):
         user = self.ns.user(ctx)
-        await self.ns.getattr(inode, user)  # ENOENT / ENOTDIR now, not at the first readdir
+        attr = await self.ns.getattr(inode, user)  # ENOENT / ENOTDIR now, not at the first readdir
+        if self.dir_cache:
+            self._keep_listing(inode, attr)
         fh = next(self._fh)
         self._dirs[fh] = DirHandle(inode, user)
         return fh
 
+    def _keep_listing(self, ino: int, attr: m.InodeAttr) -> None:
+        """Close-to-open for listings the kernel caches (every opendir asks it to: fuse_fallocate.
+        install_dir_cache): the cached listing stays only while the directory has the mtime and ctime it
+        had at the open before it was read (meta moves them at every entry change, by any client);
+        otherwise the kernel drops it, and the directory's attributes, at this open."""
+        stamp = (attr.mtime_ns, attr.ctime_ns)
+        before = self._listed.get(ino)
+        self._listed[ino] = stamp
+        if before is None or before == stamp:
+            self.stats["opendir_keep" if before else "opendir_first"] += 1
+            return
+        try:
+            pyfuse3.invalidate_inode(ino, attr_only=False)
+            self.stats["opendir_drop"] += 1
+        except OSError as e:  # ENOENT: the kernel has no inode: nothing cached
+            log.debug("invalidating the listing of inode %d: %s", ino, e)
+
     @fuse_errors
     async def readdir(self, fh, start_id, token):
+        self.stats["readdirs"] += 1
         d = self._dirs[fh]
         i = start_id
         while True:

@@ -176,6 +176,8 @@ async def _serve(config, mnt: str, options) -> None:
     pyfuse3.init(ops, mnt, fuse_options)
     fuse_fallocate.install_init(options.max_background, options.max_background * 3 // 4, ops.negotiated)
     fuse_fallocate.install(ops)  # pyfuse3 does not pass fallocate on
+    if getattr(options, "dir_cache", True) and not options.direct_io:
+        ops.dir_cache = fuse_fallocate.install_dir_cache()
     ops.watch_kernel_queue(fuse_fallocate.session_fd())
     loop = asyncio.get_running_loop()
     stopping = []
