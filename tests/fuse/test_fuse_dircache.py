@@ -85,3 +85,38 @@ def test_listing_cached_until_the_directory_changes(cluster, fs, tmp_path, rng):
         stop_daemon(proc, mnt)
     fs.remove_tree(top)
     fs.remove("/dircache-out")
+
+
+def test_untouched_creates_end_their_sessions_in_batches(cluster, fs, tmp_path):
+    """open(O_CREAT|O_WRONLY) + close through the mount: the write session ends in a close_many batch
+    (the daemon counts it), and the files are as the library expects at once: empty, removable, renamable,
+    writable by another client, and a later write through the mount lands."""
+    require_fuse()
+    top = "/deferred"
+    fs.mkdir(top, exist_ok=True)
+    mnt, log = str(tmp_path / "m"), str(tmp_path / "daemon.log")
+    proc = fuse_mount.spawn(str(cluster.client_config_path), mnt, [], log)
+    try:
+        d = f"{mnt}{top}"
+        for i in range(40):
+            with open(f"{d}/e{i:02d}", "w"):
+                pass
+        assert sorted(fs.listdir(top)) == [f"e{i:02d}" for i in range(40)]
+        assert all(fs.stat(f"{top}/e{i:02d}").length == 0 for i in range(40))
+        os.unlink(f"{d}/e00")  # right after its close, through the mount
+        fs.remove(f"{top}/e01")  # and through the library
+        os.rename(f"{d}/e02", f"{d}/r02")
+        fs.write_bytes(f"{top}/e03", b"library")
+        with open(f"{d}/e04", "ab") as f:
+            f.write(b"mount")
+        assert fs.read_bytes(f"{top}/e04") == b"mount"
+        with open(f"{d}/e03", "rb") as f:
+            assert f.read() == b"library"
+        names = set(os.listdir(d))
+        assert "e00" not in names and "e01" not in names and "r02" in names and "e02" not in names
+        counters = _counters(proc, log, 0)
+        assert counters.get("closes_deferred", 0) >= 38, counters
+    finally:
+        stop_daemon(proc, mnt)
+    assert fs.read_bytes(f"{top}/e04") == b"mount"
+    fs.remove_tree(top)

@@ -43,7 +43,7 @@ from threefs.client.fuse_namespace import FUSE_ROOT, Namespace, decode, to_fuse
 from threefs.client.stream import SEGMENT_BYTES_MAX, ReadAhead, WriteBehind, segment_bytes
 from threefs.common import limits
 from threefs.common.buffers import BufferPool
-from threefs.common.status import errno_of
+from threefs.common.status import StatusCode, ThreeFSError, errno_of
 from threefs.rpc.schemas import meta as m
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,8 @@ KERNEL_CHECKED = m.UserCred(0, 0, kernel_checked=True)  # requests without a cal
 
 
 SMALL_READ_BYTES = 128 * limits.KiB  # smaller requests that do not continue the last one: no read-ahead
+DEFERRED_CLOSE_S = 0.2  # as client.py: an untouched write session ends in a batch at most this much later
+DEFERRED_CLOSES_MAX = 128
 GATE_BATCH_MAX = 64  # reads held for one storage batch at most
 GATE_IDLE_TURNS = 8  # loop turns without a new read joining before the held reads go anyway
 GATE_TURNS_MAX = 256  # loop turns a read is held at most
@@ -154,6 +156,9 @@ class ThreeFSOperations(pyfuse3.Operations):
         self._gate: KernelQueueGate | None = None
         self._reader = _GatedReader(self)
         self.negotiated: dict = {}  # what INIT settled (fuse_fallocate.install_init)
+        self._deferred: list[m.SessionRef] = []  # write sessions to end in the next close_many
+        self._deferred_timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task] = set()
         self.dir_cache = False  # the kernel caches listings (set when fuse_fallocate.install_dir_cache took)
         self._listed: dict[int, tuple] = {}  # fuse ino of a directory -> (mtime, ctime) at its last opendir
         self.stats = collections.Counter()  # logged at unmount
@@ -266,6 +271,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         return self.entry(await self.ns.getattr(inode, user))
 
     async def _truncate(self, ino: int, length: int, user) -> None:
+        await self.end_deferred()
         for h in list(self._handles.values()):
             if h.ino == ino and h.writer is not None:
                 await h.writer.flush()  # written bytes land before the cut
@@ -293,16 +299,19 @@ class ThreeFSOperations(pyfuse3.Operations):
 
     @fuse_errors
     async def unlink(self, parent_inode, name, ctx):
+        await self.end_deferred()
         await self.ns.unlink(parent_inode, decode(name), self.ns.user(ctx))
 
     @fuse_errors
     async def rmdir(self, parent_inode, name, ctx):
+        await self.end_deferred()
         await self.ns.rmdir(parent_inode, decode(name), self.ns.user(ctx))
 
     @fuse_errors
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise pyfuse3.FUSEError(errno.EINVAL)  # meta has no atomic exchange
+        await self.end_deferred()
         await self.ns.rename(parent_inode_old, decode(name_old), parent_inode_new, decode(name_new),
                              bool(flags & pyfuse3.RENAME_NOREPLACE), self.ns.user(ctx))
 
@@ -578,7 +587,10 @@ class ThreeFSOperations(pyfuse3.Operations):
             h.published_end = h.written_end
         if end_session and h.session:
             hint = h.written_end if h.written_end > h.published_end else -1
-            h.attr = await self.ns.close(h.attr.inode, h.session, hint)
+            if hint < 0 and h.written_end < 0 and not h.truncated and err is None:
+                self._end_later(h.attr.inode, h.session)  # nothing written: the session alone ends
+            else:
+                h.attr = await self.ns.close(h.attr.inode, h.session, hint)
             h.published_end = max(h.published_end, h.written_end)
         if err is not None:
             raise err
@@ -607,6 +619,45 @@ class ThreeFSOperations(pyfuse3.Operations):
                 await self.release(fh)
             except pyfuse3.FUSEError as e:
                 log.warning("closing handle %s at unmount: %s", fh, os.strerror(e.errno))
+        await self.end_deferred()
+
+    # -- write sessions of files nothing was written to: ended in batches ------------------------
+    def _end_later(self, inode: int, session: str) -> None:
+        """As the library does (client.py, DEFERRED_CLOSE_S): closing a file opened for writing that
+        nothing was written to changes nothing but its write session, so the session ends in a batch
+        (meta.close_many) at most DEFERRED_CLOSE_S later, once DEFERRED_CLOSES_MAX wait, before this
+        daemon's next unlink, rmdir, rename or truncate, or at unmount. A create + close through the
+        mount is then a lookup and a create."""
+        self._deferred.append(m.SessionRef(inode, session))
+        self.stats["closes_deferred"] += 1
+        if len(self._deferred) >= DEFERRED_CLOSES_MAX:
+            self._background(self.end_deferred())
+        elif self._deferred_timer is None:
+            self._deferred_timer = asyncio.get_running_loop().call_later(
+                DEFERRED_CLOSE_S, lambda: self._background(self.end_deferred()))
+
+    async def end_deferred(self) -> None:
+        if self._deferred_timer is not None:
+            self._deferred_timer.cancel()
+            self._deferred_timer = None
+        refs, self._deferred = self._deferred, []
+        if not refs:
+            return
+        try:
+            try:
+                await self.aio.meta_call("close_many", m.CloseManyReq(refs), m.OkRsp)
+            except ThreeFSError as e:
+                if e.code != StatusCode.UNKNOWN_METHOD:
+                    raise
+                for r in refs:  # a meta server older than close_many
+                    await self.ns.close(r.inode, r.session, -1)
+        except Exception as e:  # the sessions end when meta prunes this client's (docs/meta.md)
+            log.warning("could not end %d write sessions: %s", len(refs), e)
+
+    def _background(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     @fuse_errors
     async def access(self, inode, mode, ctx):
