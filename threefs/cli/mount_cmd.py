@@ -18,16 +18,19 @@ def mount_options(args):
                         writeback_cache=args.writeback and not args.no_writeback,
                         keep_cache=not args.no_keep_cache, max_background=args.max_background,
                         read_ahead_kb=args.read_ahead_kb, read_ahead_bytes=args.prefetch_mb << 20,
-                        allow_other=args.allow_other)
+                        segment_bytes=args.segment_mb << 20, allow_other=args.allow_other,
+                        fast_dispatch=not args.pyfuse3_dispatch, dir_cache=not args.no_dir_cache)
 
 
 def mount_args(args) -> list[str]:
     """The options of this `mount` invocation, for the --foreground daemon it spawns."""
     out = ["--attr-timeout", str(args.attr_timeout), "--entry-timeout", str(args.entry_timeout),
            "--negative-timeout", str(args.negative_timeout), "--read-ahead-kb", str(args.read_ahead_kb),
-           "--prefetch-mb", str(args.prefetch_mb), "--max-background", str(args.max_background)]
+           "--prefetch-mb", str(args.prefetch_mb), "--max-background", str(args.max_background),
+           "--segment-mb", str(args.segment_mb)]
     out += ["--direct-io"] * args.direct_io + ["--no-writeback"] * args.no_writeback
     out += ["--writeback"] * args.writeback + ["--no-keep-cache"] * args.no_keep_cache
+    out += ["--pyfuse3-dispatch"] * args.pyfuse3_dispatch + ["--no-dir-cache"] * args.no_dir_cache
     return out + ["--allow-other"] * args.allow_other
 
 
@@ -69,6 +72,15 @@ def add_mount_flags(p) -> None:
     p.add_argument("--read-ahead-kb", type=int, default=4096, help="kernel read-ahead (default 4096)")
     p.add_argument("--prefetch-mb", type=int, default=16,
                    help="daemon read-ahead per sequentially read file (default 16, 0 = off)")
+    p.add_argument("--segment-mb", type=int, default=4,
+                   help="storage IO unit of the daemon's read-ahead and write-behind, in whole chunks "
+                        "(default 4, at most 8)")
+    p.add_argument("--no-dir-cache", action="store_true",
+                   help="the kernel does not cache directory listings (by default it does, dropped at "
+                        "opendir when the directory changed)")
+    p.add_argument("--pyfuse3-dispatch", action="store_true",
+                   help="take kernel requests as pyfuse3 does (one worker kept, epoll changes per request); "
+                        "for comparison")
     p.add_argument("--attr-timeout", type=float, default=30.0,
                    help="seconds the kernel caches attributes (default 30, as 3FS)")
     p.add_argument("--entry-timeout", type=float, default=30.0,

@@ -40,10 +40,10 @@ import pyfuse3
 
 from threefs.client.batch import ReadCoalescer
 from threefs.client.fuse_namespace import FUSE_ROOT, Namespace, decode, to_fuse
-from threefs.client.stream import ReadAhead, WriteBehind, segment_bytes
+from threefs.client.stream import SEGMENT_BYTES_MAX, ReadAhead, WriteBehind, segment_bytes
 from threefs.common import limits
 from threefs.common.buffers import BufferPool
-from threefs.common.status import errno_of
+from threefs.common.status import StatusCode, ThreeFSError, errno_of
 from threefs.rpc.schemas import meta as m
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,8 @@ KERNEL_CHECKED = m.UserCred(0, 0, kernel_checked=True)  # requests without a cal
 
 
 SMALL_READ_BYTES = 128 * limits.KiB  # smaller requests that do not continue the last one: no read-ahead
+DEFERRED_CLOSE_S = 0.2  # as client.py: an untouched write session ends in a batch at most this much later
+DEFERRED_CLOSES_MAX = 128
 GATE_BATCH_MAX = 64  # reads held for one storage batch at most
 GATE_IDLE_TURNS = 8  # loop turns without a new read joining before the held reads go anyway
 GATE_TURNS_MAX = 256  # loop turns a read is held at most
@@ -81,7 +83,10 @@ class MountOptions:
     write_behind_bytes: int = 64 * limits.MiB  # per open file
     read_ahead_bytes: int = 16 * limits.MiB  # prefetched per sequentially read open file
     read_ahead_kb: int = 4096  # the mount's bdi read_ahead_kb (FUSE requests are at most 1 MiB)
+    segment_bytes: int = 4 * limits.MiB  # read-ahead / write-behind IO unit (whole chunks, at least this)
     allow_other: bool = False
+    dir_cache: bool = True  # the kernel caches directory listings (dropped at opendir when changed)
+    fast_dispatch: bool = True  # kernel requests taken without per-request epoll changes, workers kept
 
 
 @dataclass
@@ -151,6 +156,11 @@ class ThreeFSOperations(pyfuse3.Operations):
         self._gate: KernelQueueGate | None = None
         self._reader = _GatedReader(self)
         self.negotiated: dict = {}  # what INIT settled (fuse_fallocate.install_init)
+        self._deferred: list[m.SessionRef] = []  # write sessions to end in the next close_many
+        self._deferred_timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self.dir_cache = False  # the kernel caches listings (set when fuse_fallocate.install_dir_cache took)
+        self._listed: dict[int, tuple] = {}  # fuse ino of a directory -> (mtime, ctime) at its last opendir
         self.stats = collections.Counter()  # logged at unmount
 
     def init(self) -> None:
@@ -219,6 +229,7 @@ class ThreeFSOperations(pyfuse3.Operations):
                 self._meta_length.pop(ino, None)
                 self._cached.pop(ino, None)  # the kernel's inode is gone, and its pages with it
                 self._reported.pop(ino, None)
+                self._listed.pop(ino, None)
 
     @fuse_errors
     async def getattr(self, inode, ctx=None):
@@ -260,6 +271,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         return self.entry(await self.ns.getattr(inode, user))
 
     async def _truncate(self, ino: int, length: int, user) -> None:
+        await self.end_deferred()
         for h in list(self._handles.values()):
             if h.ino == ino and h.writer is not None:
                 await h.writer.flush()  # written bytes land before the cut
@@ -287,16 +299,19 @@ class ThreeFSOperations(pyfuse3.Operations):
 
     @fuse_errors
     async def unlink(self, parent_inode, name, ctx):
+        await self.end_deferred()
         await self.ns.unlink(parent_inode, decode(name), self.ns.user(ctx))
 
     @fuse_errors
     async def rmdir(self, parent_inode, name, ctx):
+        await self.end_deferred()
         await self.ns.rmdir(parent_inode, decode(name), self.ns.user(ctx))
 
     @fuse_errors
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise pyfuse3.FUSEError(errno.EINVAL)  # meta has no atomic exchange
+        await self.end_deferred()
         await self.ns.rename(parent_inode_old, decode(name_old), parent_inode_new, decode(name_new),
                              bool(flags & pyfuse3.RENAME_NOREPLACE), self.ns.user(ctx))
 
@@ -358,13 +373,33 @@ class ThreeFSOperations(pyfuse3.Operations):
     @fuse_errors
     async def opendir(self, inode, ctx):
         user = self.ns.user(ctx)
-        await self.ns.getattr(inode, user)  # ENOENT / ENOTDIR now, not at the first readdir
+        attr = await self.ns.getattr(inode, user)  # ENOENT / ENOTDIR now, not at the first readdir
+        if self.dir_cache:
+            self._keep_listing(inode, attr)
         fh = next(self._fh)
         self._dirs[fh] = DirHandle(inode, user)
         return fh
 
+    def _keep_listing(self, ino: int, attr: m.InodeAttr) -> None:
+        """Close-to-open for listings the kernel caches (every opendir asks it to: fuse_fallocate.
+        install_dir_cache): the cached listing stays only while the directory has the mtime and ctime it
+        had at the open before it was read (meta moves them at every entry change, by any client);
+        otherwise the kernel drops it, and the directory's attributes, at this open."""
+        stamp = (attr.mtime_ns, attr.ctime_ns)
+        before = self._listed.get(ino)
+        self._listed[ino] = stamp
+        if before is None or before == stamp:
+            self.stats["opendir_keep" if before else "opendir_first"] += 1
+            return
+        try:
+            pyfuse3.invalidate_inode(ino, attr_only=False)
+            self.stats["opendir_drop"] += 1
+        except OSError as e:  # ENOENT: the kernel has no inode: nothing cached
+            log.debug("invalidating the listing of inode %d: %s", ino, e)
+
     @fuse_errors
     async def readdir(self, fh, start_id, token):
+        self.stats["readdirs"] += 1
         d = self._dirs[fh]
         i = start_id
         while True:
@@ -395,16 +430,22 @@ class ThreeFSOperations(pyfuse3.Operations):
     # -- files -----------------------------------------------------------------------------------
     def _open_handle(self, ino: int, rsp: m.OpenRsp, flags: int) -> pyfuse3.FileInfo:
         writer = None
+        seg = self._segment(rsp.attr.layout.chunk_size)
         if flags & os.O_ACCMODE != os.O_RDONLY or self.enable_writeback_cache:
-            writer = WriteBehind(self.aio, rsp.attr, segment_bytes(rsp.attr.layout.chunk_size),
-                                 self.options.write_behind_bytes)
-        seg = segment_bytes(rsp.attr.layout.chunk_size)
+            writer = WriteBehind(self.aio, rsp.attr, seg, self.options.write_behind_bytes)
         fh = next(self._fh)
         self._handles[fh] = Handle(ino, rsp.attr, rsp.session, writer,
                                    ReadAhead(self.aio, self._pool, seg, self.options.read_ahead_bytes,
                                              reader=self._reader))
         return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io,
                                 keep_cache=self._keep_cache(ino, rsp.attr))
+
+    def _segment(self, chunk_size: int) -> int:
+        """The stream's IO unit: whole chunks, at least options.segment_bytes (a 1 MiB kernel request is
+        then a piece of a larger storage read, and a segment is one request per storage service)."""
+        seg = segment_bytes(chunk_size)
+        want = min(max(seg, self.options.segment_bytes), SEGMENT_BYTES_MAX)
+        return max(seg, want // seg * seg)
 
     def _keep_cache(self, ino: int, attr: m.InodeAttr) -> bool:
         """Close-to-open: whether the kernel may keep the pages it cached of this file. Yes only when the
@@ -546,7 +587,10 @@ class ThreeFSOperations(pyfuse3.Operations):
             h.published_end = h.written_end
         if end_session and h.session:
             hint = h.written_end if h.written_end > h.published_end else -1
-            h.attr = await self.ns.close(h.attr.inode, h.session, hint)
+            if hint < 0 and h.written_end < 0 and not h.truncated and err is None:
+                self._end_later(h.attr.inode, h.session)  # nothing written: the session alone ends
+            else:
+                h.attr = await self.ns.close(h.attr.inode, h.session, hint)
             h.published_end = max(h.published_end, h.written_end)
         if err is not None:
             raise err
@@ -575,6 +619,45 @@ class ThreeFSOperations(pyfuse3.Operations):
                 await self.release(fh)
             except pyfuse3.FUSEError as e:
                 log.warning("closing handle %s at unmount: %s", fh, os.strerror(e.errno))
+        await self.end_deferred()
+
+    # -- write sessions of files nothing was written to: ended in batches ------------------------
+    def _end_later(self, inode: int, session: str) -> None:
+        """As the library does (client.py, DEFERRED_CLOSE_S): closing a file opened for writing that
+        nothing was written to changes nothing but its write session, so the session ends in a batch
+        (meta.close_many) at most DEFERRED_CLOSE_S later, once DEFERRED_CLOSES_MAX wait, before this
+        daemon's next unlink, rmdir, rename or truncate, or at unmount. A create + close through the
+        mount is then a lookup and a create."""
+        self._deferred.append(m.SessionRef(inode, session))
+        self.stats["closes_deferred"] += 1
+        if len(self._deferred) >= DEFERRED_CLOSES_MAX:
+            self._background(self.end_deferred())
+        elif self._deferred_timer is None:
+            self._deferred_timer = asyncio.get_running_loop().call_later(
+                DEFERRED_CLOSE_S, lambda: self._background(self.end_deferred()))
+
+    async def end_deferred(self) -> None:
+        if self._deferred_timer is not None:
+            self._deferred_timer.cancel()
+            self._deferred_timer = None
+        refs, self._deferred = self._deferred, []
+        if not refs:
+            return
+        try:
+            try:
+                await self.aio.meta_call("close_many", m.CloseManyReq(refs), m.OkRsp)
+            except ThreeFSError as e:
+                if e.code != StatusCode.UNKNOWN_METHOD:
+                    raise
+                for r in refs:  # a meta server older than close_many
+                    await self.ns.close(r.inode, r.session, -1)
+        except Exception as e:  # the sessions end when meta prunes this client's (docs/meta.md)
+            log.warning("could not end %d write sessions: %s", len(refs), e)
+
+    def _background(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     @fuse_errors
     async def access(self, inode, mode, ctx):

@@ -213,3 +213,45 @@ def install_init(max_background: int, congestion_threshold: int, negotiated: dic
     _installed.append((fn, original))
     table[SLOT_INIT] = ctypes.cast(fn, ctypes.c_void_p).value
     return True
+
+
+SLOT_OPENDIR = 20
+FILE_INFO_BITS_OFFSET = 4  # struct fuse_file_info: int flags, then the bitfield word
+FI_KEEP_CACHE, FI_CACHE_READDIR = 1 << 2, 1 << 6  # libfuse 3.5-3.14: writepage, direct_io, keep_cache, ...
+DIR_CACHE_LIBFUSE_VERSIONS = range(305, 315)  # where those bits are known to sit (fuse_version())
+OPENDIR_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p)
+PY_OPENDIR_FN = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p)
+
+
+def install_dir_cache() -> bool:
+    """Have every opendir reply ask the kernel to cache the directory's listing (FOPEN_CACHE_DIR) and keep
+    it across opens (FOPEN_KEEP_CACHE), which pyfuse3 cannot set: its opendir handler copies the request's
+    fuse_file_info into its reply, so the wrapper sets the two bits before calling it. The daemon's opendir
+    drops the kernel's cached listing (pyfuse3.invalidate_inode) when the directory changed since it was
+    cached (fuse.ThreeFSOperations.opendir); the kernel drops it itself on changes made through the mount
+    and when a getattr brings a new mtime. False (nothing changed) where the layout is not known."""
+    try:
+        table, why = _ops_table()
+        version = ctypes.CDLL("libfuse3.so.3").fuse_version()
+    except (OSError, ImportError, struct.error, ValueError, AttributeError) as e:
+        table, why, version = None, str(e), 0
+    if table is not None and version not in DIR_CACHE_LIBFUSE_VERSIONS:
+        table, why = None, f"libfuse {version // 100}.{version % 100}'s fuse_file_info layout is not known here"
+    if table is None or not table[SLOT_OPENDIR]:
+        log.warning("directory listings are not cached by the kernel on this mount: %s", why or "no opendir")
+        return False
+    original = PY_OPENDIR_FN(table[SLOT_OPENDIR])
+
+    def callback(req, ino, fi):
+        try:
+            if fi:
+                bits = ctypes.c_uint32.from_address(fi + FILE_INFO_BITS_OFFSET)
+                bits.value |= FI_KEEP_CACHE | FI_CACHE_READDIR
+        except Exception:  # never raise into libfuse
+            log.exception("asking the kernel to cache a listing failed")
+        original(req, ino, fi)
+
+    fn = OPENDIR_FN(callback)
+    _installed.append((fn, original))
+    table[SLOT_OPENDIR] = ctypes.cast(fn, ctypes.c_void_p).value
+    return True

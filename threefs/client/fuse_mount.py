@@ -31,6 +31,8 @@ UNMOUNT_TIMEOUT_S = 10.0
 READ_AHEAD_TRIES = 40
 SYNC_AT_EXIT_TIMEOUT_S = 30.0
 FUSERMOUNT = "fusermount3"
+WORKERS_KEPT = 32  # pyfuse3 worker tasks kept waiting for kernel requests (its default: 1)
+WORKERS_MAX = 99  # pyfuse3's default cap
 
 
 def fuse_unavailable_reason() -> str | None:
@@ -153,6 +155,8 @@ def run_foreground(config, mountpoint: str, options) -> int:
     import uvloop
 
     pyfuse3.asyncio.enable()
+    if getattr(options, "fast_dispatch", True):
+        _fast_wait_readable(pyfuse3.asyncio)
     uvloop.run(_serve(config, mnt, options))
     return 0
 
@@ -172,6 +176,8 @@ async def _serve(config, mnt: str, options) -> None:
     pyfuse3.init(ops, mnt, fuse_options)
     fuse_fallocate.install_init(options.max_background, options.max_background * 3 // 4, ops.negotiated)
     fuse_fallocate.install(ops)  # pyfuse3 does not pass fallocate on
+    if getattr(options, "dir_cache", True) and not options.direct_io:
+        ops.dir_cache = fuse_fallocate.install_dir_cache()
     ops.watch_kernel_queue(fuse_fallocate.session_fd())
     loop = asyncio.get_running_loop()
     stopping = []
@@ -192,19 +198,20 @@ async def _serve(config, mnt: str, options) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop, sig.name)
+    loop.add_signal_handler(signal.SIGUSR1, _log_stats, ops)  # `kill -USR1 PID`: the counters so far
     tuner = asyncio.ensure_future(tune_read_ahead(mnt, options.read_ahead_kb, ops.initialized, ops.negotiated))
     mounted = True
     try:
-        await pyfuse3.main()
+        # workers kept waiting for requests: pyfuse3 ends a worker as soon as two are idle and starts one
+        # when none is, so a burst of concurrent requests (io_depth 32) created and ended tasks per request
+        tasks = WORKERS_KEPT if getattr(options, "fast_dispatch", True) else 1
+        await pyfuse3.main(min_tasks=tasks, max_tasks=max(WORKERS_MAX, tasks))
     except BaseException:
         log.exception("FUSE main loop failed")
         raise
     finally:
         tuner.cancel()
-        gate = ops._gate
-        log.info("requests served: %s; small reads %d in %d storage batches; gate: %d reads in %d openings",
-                 dict(ops.stats), ops._coalescer.reads, ops._coalescer.batches, gate.held if gate else 0,
-                 gate.batches if gate else 0)
+        _log_stats(ops)
         await ops.release_all()
         try:
             pyfuse3.close(unmount=mounted)
@@ -212,6 +219,37 @@ async def _serve(config, mnt: str, options) -> None:
             if mount_entry(mnt) is not None:  # busy: detach it lazily, never leave it dangling
                 subprocess.run([FUSERMOUNT, "-u", "-z", mnt], capture_output=True)
             await aio.close()
+
+
+def _log_stats(ops) -> None:
+    gate = ops._gate
+    log.info("requests served: %s; small reads %d in %d storage batches; gate: %d reads in %d openings",
+             dict(ops.stats), ops._coalescer.reads, ops._coalescer.batches, gate.held if gate else 0,
+             gate.batches if gate else 0)
+
+
+def _fast_wait_readable(pyfuse3_asyncio) -> None:
+    """pyfuse3's asyncio layer waits for /dev/fuse with add_reader + remove_reader (two epoll_ctl calls and a
+    loop wake-up) before every request. When requests are queued already (many in flight), a poll(2) says
+    so: then yield one loop turn (other tasks run; only the worker holding pyfuse3's read lock reads the
+    descriptor, so it stays readable) and go on. Otherwise wait as pyfuse3 does (which also lets
+    terminate() wake the waiter)."""
+    import select
+
+    original = pyfuse3_asyncio.wait_readable
+    polls: dict = {}
+
+    async def wait_readable(fd) -> None:
+        p = polls.get(fd)
+        if p is None:
+            p = polls[fd] = select.poll()
+            p.register(fd, select.POLLIN)
+        if p.poll(0):
+            await asyncio.sleep(0)
+            return
+        await original(fd)
+
+    pyfuse3_asyncio.wait_readable = wait_readable
 
 
 def _syncfs(mnt: str) -> None:
