@@ -742,7 +742,9 @@ class EtcdEngine(KVEngine):
                     self._replica = replica
                     self._lag = None
                     self._watch_restarts = 0
+                    self._reload_replica = False
                 self._restarted_at = time.monotonic()  # the watchdog gives each stream REPLICA_STALL_S
+                self.watch_index = index  # before the task runs: the leader check compares with it
                 watch = self._watch_task = asyncio.ensure_future(self._watch(replica, index))
                 try:
                     while not watch.done():  # the watchdog: a stream that stays open but stops delivering
@@ -812,9 +814,12 @@ class EtcdEngine(KVEngine):
             if leader in ids:
                 break
         index = ids.get(leader)
-        if index is not None and index != self._current:
+        if index is not None:
             self._current = index
             watch = self._watch_task
+            # Compared with the watch's member, not with _current: a failed or hedged request may have moved
+            # _current to the new leader already, and a watch left on a cut-off member stays silent (no reset
+            # crosses a cut link) while the engine's requests go elsewhere.
             if watch is not None and self.watch_index != index:
                 watch.cancel()  # reopened on the leader, from its progress
         return index
