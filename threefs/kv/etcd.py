@@ -106,6 +106,14 @@ GRVS_IN_FLIGHT = 1  # 1, 4 or 8 in flight: no difference above the noise (in-pro
 REPLICA_KEYS_MAX = 500_000  # a KV with more data keys is read from etcd instead (no replica)
 REPLICA_WAIT_S = 0.5  # a transaction waits this long for the watch to reach its read version, then reads etcd
 REPLICA_RETRY_S = 0.2  # between watch streams (a member died, or the stream stalled)
+# The watchdog (EtcdEngine._replica_stalled): the engine learns revisions of the version key that exist (GRVs,
+# commit replies, a failed commit's stamp). A replica that has not reached one within REPLICA_STALL_S has a
+# stalled watch (a stream that stays open and silent): the stream is restarted on another member, and after
+# REPLICA_RESTARTS_MAX restarts that did not help the replica is loaded afresh. Speculative transactions do
+# not read a replica that has been behind a known revision for REPLICA_WAIT_S (they take a read version).
+REPLICA_CHECK_S = 0.1
+REPLICA_STALL_S = 2.0
+REPLICA_RESTARTS_MAX = 3
 REPLICA_TOO_BIG_RETRY_S = 60.0  # a KV over REPLICA_KEYS_MAX is counted again after this
 LEADER_CHECK_S = 3.0  # how often the engine checks that it talks to the leader
 LEADER_CHECK_TIMEOUT_S = 1.0
@@ -375,6 +383,7 @@ class EtcdEngine(KVEngine):
                       "replica_stalls": 0, "replica_loads": 0, "watch_streams": 0, "watch_events": 0,
                       "conflicts": 0, "clear_rounds": 0, "txns": 0, "grv_waits": 0,
                       "speculative": 0, "spec_resends": 0, "spec_stale": 0, "stale_errors": 0,
+                      "watch_restarts": 0, "replica_lag_reloads": 0, "spec_lagging": 0,
                       "grv_wait_s": 0.0, "replica_wait_s": 0.0, "commit_wait_s": 0.0, "txn_call_s": 0.0}
         # THREEFS_KV_STATS_DIR: every STATS_DUMP_S, this engine writes its stats to etcd-<pid>-<id>.json there
         # (benchmarks read them from the meta and mgmtd processes: round trips and conflicts per operation).
@@ -387,6 +396,14 @@ class EtcdEngine(KVEngine):
         self._watch_task: asyncio.Task | None = None
         self.watch_index: int | None = None  # the endpoint the watch stream was last opened on
         self.acked_revision = 0  # the highest revision of a commit this engine acknowledged
+        # The highest revision of the version key this engine knows to exist (GRVs, commit replies): the replica's
+        # watch must reach it. _lag: (such a revision above the replica's progress, monotonic time it was first
+        # seen there), None while the replica is caught up; see _replica_stalled.
+        self.seen_revision = 0
+        self._lag: tuple[int, float] | None = None
+        self._watch_restarts = 0  # consecutive watchdog restarts that did not bring the replica to its target
+        self._restarted_at = 0.0  # monotonic time of the last one
+        self._reload_replica = False
         self.speculative = speculative
 
     def transaction(self) -> Transaction:
@@ -591,7 +608,57 @@ class EtcdEngine(KVEngine):
         self.stats["grv"] += 1
         reply = await self.call("range", wire.range_request(self.version_key, keys_only=True))
         kvs = reply["kvs"]
+        if kvs:
+            self._note_revision(kvs[0]["mod_revision"])
         return [kvs[0]["mod_revision"] if kvs else reply["header"]["revision"]] * len(items)
+
+    def _note_revision(self, revision: int) -> None:
+        """`revision` is a revision of the version key (so one the replica's watch delivers): remember it, and
+        when the replica is below it, since when (the watchdog's clock)."""
+        if revision > self.seen_revision:
+            self.seen_revision = revision
+        replica = self._replica
+        if self._lag is None and replica is not None and replica.live and replica.progress < revision:
+            self._lag = (revision, time.monotonic())
+
+    def replica_lagging(self, replica: _Replica) -> bool:
+        """Whether `replica` has been below a revision known to exist for REPLICA_WAIT_S or more (its watch may be
+        stalled): speculating on it would read stale keys."""
+        lag = self._lag
+        return lag is not None and replica.progress < lag[0] and time.monotonic() - lag[1] >= REPLICA_WAIT_S
+
+    def _replica_stalled(self, replica: _Replica) -> bool:
+        """The watchdog, every REPLICA_CHECK_S while a watch stream runs: whether the stream must be restarted
+        because the replica has not reached, within REPLICA_STALL_S, a revision the engine knows exists. A lag
+        episode ends when the replica reaches the revision it began with (a working watch under load reaches
+        each such revision quickly; a stalled one never does). After REPLICA_RESTARTS_MAX restarts in a row
+        that did not end the episode, the replica is reloaded (_reload_replica)."""
+        now = time.monotonic()
+        progress, seen, lag = replica.progress, self.seen_revision, self._lag
+        if progress >= seen:
+            self._lag = None
+            self._watch_restarts = 0
+            return False
+        if lag is None or progress >= lag[0]:
+            if lag is not None:
+                self._watch_restarts = 0
+            self._lag = (seen, now)
+            return False
+        if now - max(lag[1], self._restarted_at) < REPLICA_STALL_S:  # each stream gets REPLICA_STALL_S
+            return False
+        self.stats["replica_stalls"] += 1
+        self.stats["watch_restarts"] += 1
+        self._watch_restarts += 1
+        self._restarted_at = now
+        reload = self._watch_restarts >= REPLICA_RESTARTS_MAX
+        log.warning("etcd KV %s: the replica's watch on %s is stalled: progress %d, revision %d known to exist "
+                    "for %.1f s; %s", self.endpoints,
+                    self.endpoints[self.watch_index] if self.watch_index is not None else "?", progress,
+                    lag[0], now - lag[1], "loading the replica again" if reload else "restarting the stream")
+        if reload:
+            self._reload_replica = True
+            self._watch_restarts = 0
+        return True
 
     # -- the replica: every data key, kept exact by a watch ------------------------------------------------
     async def replica_at(self, rv: int) -> _Replica | None:
@@ -604,6 +671,8 @@ class EtcdEngine(KVEngine):
         replica = self._replica
         if replica is None:
             return None
+        if replica.progress < rv and self.replica_lagging(replica):
+            return None  # behind for REPLICA_WAIT_S already (the watchdog restarts its stream): no more waits
         if await replica.wait(rv, REPLICA_WAIT_S):
             return replica
         if replica.live and replica.progress < rv:
@@ -671,16 +740,33 @@ class EtcdEngine(KVEngine):
                         await asyncio.sleep(REPLICA_TOO_BIG_RETRY_S)
                         continue
                     self._replica = replica
-                self._watch_task = asyncio.ensure_future(self._watch(replica, index))
+                    self._lag = None
+                    self._watch_restarts = 0
+                    self._reload_replica = False
+                self._restarted_at = time.monotonic()  # the watchdog gives each stream REPLICA_STALL_S
+                self.watch_index = index  # before the task runs: the leader check compares with it
+                watch = self._watch_task = asyncio.ensure_future(self._watch(replica, index))
                 try:
-                    await self._watch_task
+                    while not watch.done():  # the watchdog: a stream that stays open but stops delivering
+                        await asyncio.wait((watch,), timeout=REPLICA_CHECK_S)
+                        if not watch.done() and self._replica_stalled(replica):
+                            watch.cancel()
+                    await watch
                 except asyncio.CancelledError:
                     current = asyncio.current_task()
                     if self._closed or (current is not None and current.cancelling()):
                         raise
-                    # replica_at cancelled a stalled stream: on to the next member
+                    # The watchdog, replica_at or the leader check cancelled the stream: on to the next member
                 finally:
+                    if not watch.done():
+                        watch.cancel()
                     self._watch_task = None
+                if self._reload_replica:  # restarted streams did not help: load the replica afresh
+                    self._reload_replica = False
+                    self.stats["replica_lag_reloads"] += 1
+                    replica.close()
+                    self._replica = None
+                    self._lag = None
             except _Compacted:
                 log.warning("etcd KV %s: the replica's watch was compacted; loading it again", self.endpoints)
                 if self._replica is not None:
@@ -728,9 +814,12 @@ class EtcdEngine(KVEngine):
             if leader in ids:
                 break
         index = ids.get(leader)
-        if index is not None and index != self._current:
+        if index is not None:
             self._current = index
             watch = self._watch_task
+            # Compared with the watch's member, not with _current: a failed or hedged request may have moved
+            # _current to the new leader already, and a watch left on a cut-off member stays silent (no reset
+            # crosses a cut link) while the engine's requests go elsewhere.
             if watch is not None and self.watch_index != index:
                 watch.cancel()  # reopened on the leader, from its progress
         return index
@@ -872,9 +961,11 @@ class EtcdEngine(KVEngine):
             self.stats["commit_wait_s"] += time.perf_counter() - t0
             if outcome == "ok":
                 self.acked_revision = max(self.acked_revision, value)
+                self._note_revision(value)
                 return value
             if outcome == "conflict":
                 self.stats["conflicts"] += 1
+                self._note_revision(value)
                 exc = KVConflictError(StatusCode.KV_CONFLICT, f"KV conflict: a key read at version "
                                       f"{read_version} was written by a later commit")
                 exc.revision = value  # the version key when it failed: a read version taken after the send
@@ -1106,6 +1197,9 @@ class _EtcdTransaction(BufferedTransaction):
         engine = self._engine
         replica = engine._replica
         if replica is None or not replica.live:
+            return False
+        if engine.replica_lagging(replica):  # its watch may be stalled: take a read version instead
+            engine.stats["spec_lagging"] += 1
             return False
         if replica.progress < engine.acked_revision and not await replica.wait(engine.acked_revision,
                                                                                REPLICA_WAIT_S):
