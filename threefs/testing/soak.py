@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import signal
 import subprocess
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 
 from threefs.common.config import ClientConfig, ServiceConfig, save_toml
+from threefs.testing.chunk_files import random_committed_byte
 from threefs.testing.netns import NetLab, cluster_configs, netns_unavailable
 
 TOKEN = "soak-token-" + "0" * 40
@@ -94,7 +94,8 @@ class Soak:
     def inject(self) -> None:
         kind = self.rng.choice(["kill_storage", "kill_storage", "kill_meta", "kill_mgmtd", "cut_link",
                                 "flip_bits"])
-        self.faults[kind] = self.faults.get(kind, 0) + 1
+        if kind != "flip_bits":  # a flip counts once it happened (there may be no committed chunk yet)
+            self.faults[kind] = self.faults.get(kind, 0) + 1
         if kind.startswith("kill_"):
             what = kind.removeprefix("kill_")
             names = [n for n in self.configs if n.startswith(what)]
@@ -113,30 +114,25 @@ class Soak:
             self.events.append(f"{time.strftime('%H:%M:%S')} flip {self.flip_bits()}")
 
     def flip_bits(self) -> str:
-        """Flip one byte of a random chunk file (a committed version on one replica's disk)."""
-        files = []
-        for p in (self.work / "data").rglob("*"):
+        """Flip one byte of a random chunk's committed bytes on one replica's disk (either engine)."""
+        for _ in range(8):  # the chunk may be replaced or removed between the lookup and the write
+            found = random_committed_byte(self.work / "data", self.rng)
+            if found is None:
+                return "nothing (no committed chunks yet)"
+            path, pos, what = found
             try:
-                if p.parent.parent.name == "data" and p.is_file() and p.stat().st_size > 0:
-                    files.append(p)
-            except FileNotFoundError:
-                continue  # replaced or removed by the storage service since the listing
-        self.rng.shuffle(files)
-        for victim in files:  # a chunk file may be replaced or removed between the listing and here
-            try:
-                with open(victim, "r+b") as f:
-                    size = os.fstat(f.fileno()).st_size
-                    if not size:
-                        continue
-                    pos = self.rng.randrange(size)
+                with open(path, "r+b") as f:
                     f.seek(pos)
                     byte = f.read(1)
+                    if len(byte) != 1:
+                        continue
                     f.seek(pos)
                     f.write(bytes([byte[0] ^ 0xFF]))
             except FileNotFoundError:
                 continue
-            return f"{victim.relative_to(self.work)} at {pos}"
-        return "nothing (no chunk files yet)"
+            self.faults["flip_bits"] = self.faults.get("flip_bits", 0) + 1
+            return f"{what} in {path.relative_to(self.work)} at {pos}"
+        return "nothing (every chunk found was replaced before the write)"
 
     def heal(self) -> None:
         for host in list(self.lab.hosts):
