@@ -36,7 +36,8 @@ def random_committed_byte(data_dir: str | Path, rng) -> tuple[Path, int, str] | 
     from threefs.storage.chunk_engine_v2 import (block_size, committed_position, pos_block, pos_class, pos_file,
                                                  read_journal)
 
-    targets = sorted(Path(data_dir).glob("storage-*/target-*"))
+    # a target is a directory two levels down (LocalCluster: storage-N/target-M; netns hosts: sN/tM)
+    targets = sorted(t for t in Path(data_dir).glob("*/*") if (t / "meta.sqlite").exists() or (t / "data").is_dir())
     rng.shuffle(targets)
     for target in targets:
         if not (target / "meta.sqlite").exists():  # v1: one file per committed chunk version
