@@ -65,6 +65,7 @@ class SyncStorageReads:
         for addr, idx in requests:
             by_addr.setdefault(addr, []).append(idx)
         conns = {}
+        unreachable: dict[str, Broken] = {}
         try:
             for addr in by_addr:
                 try:
@@ -74,11 +75,13 @@ class SyncStorageReads:
                 if conn is None:  # every connection to this service busy: the loop's path
                     return None
                 if isinstance(conn, Broken):  # cannot connect: its IOs fail over on the loop's path
-                    for idx in by_addr[addr]:
-                        fail_ios(batch, idx, status_error(StatusCode.UNAVAILABLE, str(conn)))
+                    unreachable[addr] = conn
                     continue
                 conns[addr] = conn
             self.batches += 1
+            for addr, e in unreachable.items():  # (only now: a batch sent the loop's way has no errors yet)
+                for idx in by_addr[addr]:
+                    fail_ios(batch, idx, status_error(StatusCode.UNAVAILABLE, str(e)))
             sent = {addr: self._send(conn, by_addr[addr], batch) for addr, conn in conns.items()}
             for addr, conn in list(conns.items()):
                 if not self._receive(addr, conn, by_addr[addr], sent[addr], batch, storage):
