@@ -124,9 +124,10 @@ class SyncStorageReads:
         while expect:
             try:
                 header, payload = conn.receive(expect)
-            except Broken as e:
+            except (Broken, ThreeFSError) as e:  # transport trouble, or the server closing with a status
+                err = e if isinstance(e, ThreeFSError) else status_error(StatusCode.UNAVAILABLE, str(e))
                 for rid in expect:
-                    fail_ios(batch, sent[rid][0], status_error(StatusCode.UNAVAILABLE, str(e)))
+                    fail_ios(batch, sent[rid][0], err)
                 return False
             single = expect.pop(header.rid) is not None
             idx, lengths, ends = sent[header.rid]
