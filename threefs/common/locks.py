@@ -28,3 +28,24 @@ class KeyedLocks:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+async def outlast(future: asyncio.Future):
+    """Await `future`, which stands for work that cannot be stopped (a call running in a thread). If the
+    awaiting task is cancelled meanwhile, wait for the work to end first and only then raise the
+    CancelledError: whatever the task holds (a chunk lock) stays held while the work still runs. Without
+    this, a cancelled request released its chunk lock while its chunk-engine call went on in a disk
+    thread, and the next update of that chunk ran beside it."""
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        while not future.done():
+            try:
+                await asyncio.shield(future)
+            except asyncio.CancelledError:
+                continue  # cancelled again: the work still runs
+            except BaseException:  # the work failed after we were cancelled: the cancellation wins
+                break
+        if future.done() and not future.cancelled():
+            future.exception()  # retrieved: no "exception was never retrieved" at GC
+        raise

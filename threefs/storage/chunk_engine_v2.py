@@ -286,25 +286,34 @@ class _Reader:
 
 
 def _chunk_op(fn):
-    """An update of one chunk: excluded from compaction's move of that chunk (callers already serialise
-    updates of one chunk; compaction is the engine's own writer)."""
+    """An update of one chunk. Updates of one chunk run one at a time, and never during compaction's
+    move of that chunk. The engine enforces this itself, whatever its callers do: an update builds its
+    new state on the state it read first (`_drop_pending` ... `_install`), so two at once would let the
+    later one put back a committed block the earlier one freed - a block the allocator then gives to
+    another chunk, whose bytes overwrite it (a committed chunk failing its checksum, the commit in between
+    lost). That happened in the storage service when a request's task was cancelled while its engine call
+    still ran in a disk thread, and the retry took the chunk lock (the 30-minute soak, two chunks)."""
     @functools.wraps(fn)
     def run(self, chunk_id, *args, **kwargs):
         if not isinstance(chunk_id, bytes):
             return fn(self, chunk_id, *args, **kwargs)  # refused by its checks
         with self._lock:
-            while chunk_id in self._moving:
-                self._moved.wait()
-            self._busy[chunk_id] = self._busy.get(chunk_id, 0) + 1
+            while chunk_id in self._moving or chunk_id in self._busy:
+                self._waiters += 1
+                try:
+                    self._moved.wait()
+                finally:
+                    self._waiters -= 1
+            self._busy[chunk_id] = 1
         try:
             result = fn(self, chunk_id, *args, **kwargs)
             self._durable()  # fsync: the journal on disk up to this update's records (group commit)
             return result
         finally:
             with self._lock:
-                n = self._busy.pop(chunk_id) - 1
-                if n:
-                    self._busy[chunk_id] = n
+                del self._busy[chunk_id]
+                if self._waiters:
+                    self._moved.notify_all()
 
     return run
 
@@ -322,7 +331,8 @@ class ChunkEngineV2:
         self._fsync = fsync
         self._lock = threading.Lock()
         self._moved = threading.Condition(self._lock)
-        self._busy: dict[bytes, int] = {}  # chunks with an update running
+        self._busy: dict[bytes, int] = {}  # chunks with an update running (one at a time per chunk)
+        self._waiters = 0  # threads waiting in _chunk_op
         self._moving: set[bytes] = set()  # chunks compaction is moving
         self._closed = True
         os.makedirs(self.path, exist_ok=True)
@@ -1293,7 +1303,8 @@ class ChunkEngineV2:
             finally:
                 with self._lock:
                     self._moving.discard(chunk_id)
-                    self._moved.notify_all()
+                    if self._waiters:
+                        self._moved.notify_all()
         self._durable()
         return moved, moved_bytes
 

@@ -23,7 +23,7 @@ from threefs.cluster.routing import Routing
 from threefs.common.buffers import align_up
 from threefs.common.config import ServiceConfig
 from threefs.common.health import Problems
-from threefs.common.locks import KeyedLocks
+from threefs.common.locks import KeyedLocks, outlast
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.cluster.heartbeat import heartbeat_loop
 from threefs.storage.fence import HeartbeatFence, heartbeat_every_mgmtd, sync_reports
@@ -163,9 +163,12 @@ class StorageService:
         self.io_pool.shutdown(wait=True)
 
     async def disk(self, fn, *args, **kwargs):
-        """Run a chunk-engine call in the disk pool (it may block); disk failures are reported in heartbeats."""
+        """Run a chunk-engine call in the disk pool (it may block); disk failures are reported in heartbeats.
+        A caller cancelled meanwhile (a request's deadline, its connection closed) returns only once the
+        call has ended: the chunk lock it holds must cover the whole engine call (`locks.outlast`)."""
         try:
-            result = await asyncio.get_running_loop().run_in_executor(self.io_pool, lambda: fn(*args, **kwargs))
+            result = await outlast(asyncio.get_running_loop().run_in_executor(self.io_pool,
+                                                                              lambda: fn(*args, **kwargs)))
         except ThreeFSError as e:
             if e.code in (StatusCode.NO_SPACE, StatusCode.IO_ERROR):  # the disk, not the request
                 self.problems.record("disk", f"disk operations fail: {e.message}")
