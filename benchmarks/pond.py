@@ -208,8 +208,8 @@ def main() -> None:
     ap.add_argument("--access-paths-only", action="store_true", help="only DuckDB via the mount vs threefs://")
     args = ap.parse_args()
     if not os.path.exists(args.smallpond_python):
-        sys.exit(f"smallpond venv missing: python3 -m venv .bench/sp-venv && "
-                 f".bench/sp-venv/bin/pip install smallpond==0.15.0 'duckdb<1.4'")
+        sys.exit("smallpond venv missing: python3 -m venv .bench/sp-venv && "
+                 ".bench/sp-venv/bin/pip install smallpond==0.15.0 'duckdb<1.4'")
     tmp = tempfile.mkdtemp(prefix="pond-bench-")
     rows = []
     try:

@@ -17,14 +17,14 @@ import pandas as pd
 import pyarrow as arrow
 
 from threefs.pond.common import PondError
-from threefs.pond.execution.task import DataSourceTask, Task
+from threefs.pond.execution.task import DataSourceTask, Task  # noqa: F401 (smallpond.dataframe exposes them)
 from threefs.pond.logical.dataset import (ArrowTableDataSet, CsvDataSet, DataSet, JsonDataSet, PandasDataSet,
-                                          ParquetDataSet, PartitionedDataSet, large_strings)
+                                          ParquetDataSet, PartitionedDataSet, large_strings)  # noqa: F401
 from threefs.pond.logical.node import (ArrowBatchNode, ArrowStreamNode, DataSinkNode, DataSourceNode,
                                        EvenlyDistributedPartitionNode, HashPartitionNode, LimitNode, LogicalPlan, Node,
                                        RangePartitionNode, ShuffleNode, SqlEngineNode)
 from threefs.pond.logical.optimizer import Optimizer
-from threefs.pond.logical.planner import ExecutionPlan, Planner
+from threefs.pond.logical.planner import ExecutionPlan, Planner  # noqa: F401
 from threefs.pond.session import SessionBase
 
 

@@ -14,9 +14,9 @@ import os
 import random
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional
 
 import pyarrow as arrow
 import pyarrow.parquet as parquet

@@ -24,13 +24,13 @@ import os
 import signal
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
 
-from threefs.pond.common import PondError, split_into_rows
-from threefs.pond.execution.task import (ArrowTableDataSet, PartitionConsumerTask, RuntimeContext, Task)
+from threefs.pond.common import PondError
+from threefs.pond.execution.task import (ArrowTableDataSet, PartitionConsumerTask, Task)
 from threefs.pond.graysort import fileio, records as R
 from threefs.pond.logical.dataset import DataSet, PartitionedDataSet
 from threefs.pond.logical.node import (DataSourceNode, EvenlyDistributedPartitionNode, PartitionNode,

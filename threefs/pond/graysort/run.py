@@ -16,7 +16,7 @@ from typing import List, Optional
 import threefs.pond as pond
 from threefs.pond.common import PondError, split_into_rows
 from threefs.pond.dataframe import DataFrame
-from threefs.pond.graysort import fileio, records as R
+from threefs.pond.graysort import fileio
 from threefs.pond.graysort.job import (MANIFEST, Fault, GenSortNode, Manifest, RecordFiles, RecordPartitionNode,
                                        SortNode, Validation, ValsortNode, _fan_out, combine_validation, files_node,
                                        input_files, sample_splits)

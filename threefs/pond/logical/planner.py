@@ -8,7 +8,6 @@ the file system: producers write one file set per partition, consumers only name
 
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Optional
 
 from threefs.pond.common import PondError
