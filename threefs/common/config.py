@@ -50,6 +50,11 @@ class ServiceConfig(msgspec.Struct, kw_only=True):
     meta_gc_delay_s: float = 60.0  # meta: an unlinked file's chunks are removed this long after its unlink
     client_session_timeout_s: float = 120.0  # meta: write sessions of clients silent this long are pruned
     fsync: bool = False
+    # storage, chunk engine v2: False writes chunk data with RWF_DONTCACHE (Linux >= 6.14; older kernels and
+    # file systems without it fall back to plain writes): written pages leave the page cache once on disk.
+    # On VMs that hand free memory back to the host, filling new page-cache pages is most of a write's CPU
+    # (docs/chunk-engine.md, "Write cache"); reads of recently written data then come from the disk.
+    write_cache: bool = True
     chunk_engine: str = ""  # storage: "v1" | "v2" | "" (an existing target's own, else the default; storage/engines.py)
     scrub_interval_s: float = 600.0  # storage: one full checksum pass per interval (0 = off)
     metrics_port: int = 0  # 0 = no Prometheus endpoint

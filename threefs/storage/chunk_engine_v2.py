@@ -81,6 +81,7 @@ METADATA_HEADROOM = 4 * MiB  # data may not take the last bytes: commits and rem
 FREE_RECHECK_BYTES = 256 * MiB  # statvfs before each fallocate only this close to the headroom ...
 FREE_RECHECK_S = 1.0  # ... or when the last answer is older than this
 _ZEROS = memoryview(bytes(1 * MiB))
+RWF_DONTCACHE = getattr(os, "RWF_DONTCACHE", 0x80)  # Linux 6.14 (Python 3.11 does not name it)
 _FULL = (1 << GROUP_BLOCKS) - 1
 _BLOCK_MASK = (1 << 40) - 1
 _MISSING = object()
@@ -324,11 +325,14 @@ class ChunkEngineV2:
     engine_version = 2
 
     def __init__(self, path: str, *, fsync: bool = False, files_per_class: int = FILES_PER_CLASS_DEFAULT,
-                 migrate: bool = True):
+                 migrate: bool = True, write_cache: bool = True):
         """Open or create a v2 target. A v1 target (meta.log) is migrated in place when `migrate`
-        (resumable: a killed migration continues at the next open), else refused with a message."""
+        (resumable: a killed migration continues at the next open), else refused with a message.
+        `write_cache` False: data is written with RWF_DONTCACHE (its pages leave the page cache once
+        written back), where the kernel and file system have it."""
         self.path = os.path.abspath(path)
         self._fsync = fsync
+        self._wflags = 0 if write_cache else RWF_DONTCACHE
         self._lock = threading.Lock()
         self._moved = threading.Condition(self._lock)
         self._busy: dict[bytes, int] = {}  # chunks with an update running (one at a time per chunk)
@@ -781,8 +785,14 @@ class ChunkEngineV2:
             return
         fd, base = self._where(pos)
         try:
-            pwritev_all(fd, buffers, base + offset)
+            pwritev_all(fd, buffers, base + offset, self._wflags)
         except OSError as exc:
+            if self._wflags and exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # no RWF_DONTCACHE here
+                log.warning("target %s: the kernel or file system does not take RWF_DONTCACHE (%s); data is "
+                            "written through the page cache (write_cache = false has no effect)", self.path,
+                            exc.strerror)
+                self._wflags = 0
+                return self._pwrite(pos, offset, buffers)
             raise _os_error(exc, f"target {self.path}: writing {pos_str(pos)}") from exc
 
     def _pwrite_zeros(self, pos: int, offset: int, count: int) -> None:

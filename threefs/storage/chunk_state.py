@@ -72,11 +72,11 @@ def as_byte_view(data) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-def pwritev_all(fd: int, buffers: list, offset: int) -> None:
+def pwritev_all(fd: int, buffers: list, offset: int, flags: int = 0) -> None:
     """pwritev that finishes short writes (a short write without an error means the disk is full)."""
     buffers = [memoryview(b) for b in buffers if len(b)]
     while buffers:
-        written = os.pwritev(fd, buffers, offset)
+        written = os.pwritev(fd, buffers, offset, flags)
         if written == 0:
             raise OSError(errno.ENOSPC, "short write")
         offset += written

@@ -26,7 +26,7 @@ def target_format(path: str) -> str | None:
     return "v1" if v1 else "v2" if v2 else None
 
 
-def open_chunk_engine(path: str, kind: str = "", *, fsync: bool = False):
+def open_chunk_engine(path: str, kind: str = "", *, fsync: bool = False, write_cache: bool = True):
     found = target_format(path)
     if not kind:
         kind = {"migrating": "v2"}.get(found, found) or os.environ.get("THREEFS_CHUNK_ENGINE") or DEFAULT_ENGINE
@@ -39,7 +39,7 @@ def open_chunk_engine(path: str, kind: str = "", *, fsync: bool = False):
         return ChunkEngine(path, fsync=fsync)
     from threefs.storage.chunk_engine_v2 import ChunkEngineV2
 
-    return ChunkEngineV2(path, fsync=fsync)
+    return ChunkEngineV2(path, fsync=fsync, write_cache=write_cache)
 
 
 def target_space(engine, fs_space) -> tuple[int, int, str]:

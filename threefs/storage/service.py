@@ -151,7 +151,8 @@ class StorageService:
         for t in self.config.targets:
             os.makedirs(t.path, exist_ok=True)
             self.engines[t.target_id] = open_chunk_engine(t.path, t.engine or self.config.chunk_engine,
-                                                          fsync=self.config.fsync)
+                                                          fsync=self.config.fsync,
+                                                          write_cache=self.config.write_cache)
         log.info("opened %d targets (chunk engines: %s)", len(self.engines),
                  ", ".join(sorted({type(e).__name__ for e in self.engines.values()})))
 
