@@ -7,6 +7,7 @@ readers from outside the engine (committed_position) see journaled states SQLite
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -159,3 +160,95 @@ def test_the_chunk_count_is_kept_in_the_metadata_and_checked(tmp_path):
     db.close()
     report = check_target(path)
     assert any("chunk count kept in the metadata (31)" in p for p in report.problems), report.lines()
+
+
+def test_a_flush_into_sqlite_runs_outside_the_engine_lock(tmp_path, monkeypatch):
+    """While the update that filled the journal writes SQLite, reads (cached or not), and updates of other
+    chunks go on; records appended meanwhile go to the other journal file; afterwards SQLite holds every
+    state flushed, states changed during the flush stay journaled, and a reopen without close() (the
+    child below is killed at an equal moment) finds all of it."""
+    monkeypatch.setattr(chunk_engine_v2, "JOURNAL_FLUSH_RECORDS", 32)
+    path = str(tmp_path / "t")
+    e = ChunkEngineV2(path)
+    for i in range(10):  # 20 records
+        e.write(cid(i), update_ver=1, chain_ver=1, offset=0, data=bytes([i]) * 500, chunk_size=CHUNK)
+        e.commit(cid(i), 1)
+    inside, release = threading.Event(), threading.Event()
+    real = e._write_store
+
+    def held(*args):
+        inside.set()
+        assert release.wait(30)
+        return real(*args)
+
+    e._write_store = held
+    def fill():  # 12 more records: the last commit fills the journal and flushes it
+        for i in range(10, 16):
+            e.write(cid(i), update_ver=1, chain_ver=1, offset=0, data=bytes([i]) * 500, chunk_size=CHUNK)
+            e.commit(cid(i), 1)
+
+    flusher = threading.Thread(target=fill)
+    flusher.start()
+    assert inside.wait(30)
+    try:
+        e._cache.clear()  # a read of a chunk that is not cached must not wait for the flush either
+        done = []
+        worker = threading.Thread(target=lambda: done.append((
+            e.read(cid(3), 0, 500)[0],
+            e.write(cid(3), update_ver=2, chain_ver=1, offset=0, data=b"during", chunk_size=CHUNK,
+                    full_replace=True),
+            e.commit(cid(3), 2),
+            e.write(cid(50), update_ver=1, chain_ver=1, offset=0, data=b"new", chunk_size=CHUNK),
+            e.commit(cid(50), 1))))
+        worker.start()
+        worker.join(30)
+        assert done and done[0][0] == bytes([3]) * 500, "engine calls waited for the flush"
+        assert os.path.getsize(os.path.join(path, "journal.1")) > 0  # appends moved to the other file
+    finally:
+        release.set()
+        flusher.join(30)
+    e._write_store = real
+    assert not e._retired_dirty and os.path.getsize(os.path.join(path, "journal")) == 0
+    db = sqlite3.connect(os.path.join(path, "meta.sqlite"))
+    try:
+        in_sqlite = {row[0] for row in db.execute("SELECT id FROM chunks")}
+    finally:
+        db.close()
+    assert {cid(i) for i in range(16)} <= in_sqlite  # the flushed states (cid 3's first version among them)
+    assert cid(50) not in in_sqlite  # appended during the flush: journaled only
+    assert cid(3) in e._dirty  # changed during the flush: still journaled, SQLite holds the flushed state
+    want = {m.chunk_id: (m.commit_ver, m.crc) for m in (e.get_meta(cid(i)) for i in list(range(16)) + [50])}
+    e._closed = True  # as a kill: nothing more is flushed; reopen replays the journals
+    e._close_files()
+    os.close(e._lock_fd)
+    with ChunkEngineV2(path) as again:
+        got = {m.chunk_id: (m.commit_ver, m.crc) for m in (again.get_meta(cid(i)) for i in list(range(16)) + [50])}
+        assert got == want
+        assert bytes(again.read(cid(3), 0, 6)[0]) == b"during"
+    assert check_target(path).ok
+
+
+def test_a_failed_flush_leaves_everything_in_the_journals_and_the_next_one_writes_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(chunk_engine_v2, "JOURNAL_FLUSH_RECORDS", 16)
+    path = str(tmp_path / "t")
+    e = ChunkEngineV2(path)
+    real = e._write_store
+    failures = []
+
+    def failing(*args):
+        if not failures:
+            failures.append(1)
+            raise chunk_engine_v2._sql_error(sqlite3.OperationalError("disk I/O error"), path)
+        return real(*args)
+
+    e._write_store = failing
+    for i in range(20):  # the first flush fails; a later one writes everything (both journal files)
+        e.write(cid(i), update_ver=1, chain_ver=1, offset=0, data=bytes([i]) * 300, chunk_size=CHUNK)
+        e.commit(cid(i), 1)
+    assert failures == [1]
+    assert not e._retired_dirty
+    want = states(e)
+    e.close()
+    with ChunkEngineV2(path) as again:
+        assert states(again) == want
+    assert check_target(path).ok

@@ -76,6 +76,8 @@ IO_PIECE = 4 * MiB  # bounds buffers of copies, verify and migration
 JOURNAL_FLUSH_RECORDS = 4096  # the journal is flushed into SQLite (one transaction) past this many records
 JOURNAL_FLUSH_BYTES = 2 * MiB  # ... or bytes (it is replayed at start-up: this bounds that time)
 _JHEAD = struct.Struct("<II")  # journal record: payload length, CRC32C of the payload
+JOURNAL_FILES = ("journal", "journal.1")  # appends go to one; the other holds records a flush is writing
+JOURNAL_FORCE_FACTOR = 4  # past this many times the limit, an update flushes inline (flushes fail or lag)
 CACHE_MAX = 1 << 18  # chunk states kept in memory (write-through; cleared when full)
 METADATA_HEADROOM = 4 * MiB  # data may not take the last bytes: commits and removals must still fit
 FREE_RECHECK_BYTES = 256 * MiB  # statvfs before each fallocate only this close to the headroom ...
@@ -240,12 +242,21 @@ def read_journal(path: str) -> tuple[list, int]:
     return out, at
 
 
+def read_journals(target: str) -> list:
+    """The whole records of both journal files of a target, in sequence order."""
+    out: list = []
+    for name in JOURNAL_FILES:
+        out += read_journal(os.path.join(target, name))[0]
+    out.sort(key=lambda r: r[0])
+    return out
+
+
 def committed_position(target: str, chunk_id: bytes) -> tuple[int, int] | None:
     """(block position, committed length) of a chunk's committed bytes, read from outside the engine
     (tests that damage bytes on purpose, while the storage service runs): the journal first, then SQLite
     read-only; a journal record newer than SQLite's applied_seq wins (this order is right whatever
     flushes run between the two reads). None: no committed bytes."""
-    records, _ = read_journal(os.path.join(target, "journal"))
+    records = read_journals(target)
     db = sqlite3.connect(f"file:{os.path.join(target, 'meta.sqlite')}?mode=ro", uri=True, timeout=10)
     try:
         applied = db.execute("SELECT value FROM info WHERE key = 'applied_seq'").fetchone()
@@ -309,6 +320,7 @@ def _chunk_op(fn):
         try:
             result = fn(self, chunk_id, *args, **kwargs)
             self._durable()  # fsync: the journal on disk up to this update's records (group commit)
+            self._flush_soon()  # a flush this update owes, outside the engine lock
             return result
         finally:
             with self._lock:
@@ -363,13 +375,20 @@ class ChunkEngineV2:
         self._block_dir = os.path.join(self.path, "blocks")
         os.makedirs(self._block_dir, exist_ok=True)
         self._fds: dict[tuple[int, int], int] = {}
-        self._db = None
+        self._db = self._wdb = None
+        self._journal_fd = self._retired_fd = None
+        # Two connections: `_db` reads (under the engine lock), `_wdb` writes: the flushes, which take
+        # `_flush_mutex` (always before the engine lock) and write SQLite outside the engine lock (WAL: the
+        # reads go on meanwhile and see the last committed flush).
+        self._flush_mutex = threading.Lock()
         db = sqlite3.connect(os.path.join(self.path, "meta.sqlite"), isolation_level=None, check_same_thread=False)
         self._db = db
         db.execute("PRAGMA journal_mode=WAL")
-        db.execute(f"PRAGMA synchronous={'FULL' if self._fsync else 'NORMAL'}")
-        db.execute("PRAGMA wal_autocheckpoint=256")  # the WAL stays near 1 MiB (it fits the headroom)
         db.executescript(_SCHEMA)
+        self._wdb = sqlite3.connect(os.path.join(self.path, "meta.sqlite"), isolation_level=None,
+                                    check_same_thread=False, timeout=60)
+        self._wdb.execute(f"PRAGMA synchronous={'FULL' if self._fsync else 'NORMAL'}")
+        self._wdb.execute("PRAGMA wal_autocheckpoint=256")  # the WAL stays near 1 MiB (it fits the headroom)
         info = dict(db.execute("SELECT key, value FROM info"))
         if not info:
             db.execute("BEGIN")
@@ -392,7 +411,8 @@ class ChunkEngineV2:
         self._seq = self._applied_seq = int(info.get("applied_seq", 0))
         self._synced_seq = self._seq
         self._journal_records = self._journal_bytes = 0
-        self._journal_fd = None
+        self._retired_dirty = False  # the retired journal file holds records not yet in SQLite
+        self._flush_due = False  # the journal is past its limit: the next update ends with a flush
         self._replaying = False
         self._free_known = (0, 0.0)  # (free bytes of the file system, when statvfs said so) minus fallocations
         # the chunk count is kept in `info` by every flush (opening a big target must not scan it)
@@ -404,14 +424,23 @@ class ChunkEngineV2:
         self._redo_folds()
 
     def _replay_journal(self) -> None:
-        """Apply the journal's records newer than SQLite's `applied_seq` (a torn last record, from a crash
-        in the middle of its write, ends the journal), flush them into SQLite, empty the journal."""
-        path = os.path.join(self.path, "journal")
-        self._journal_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        records, good = read_journal(path)
-        if good < os.fstat(self._journal_fd).st_size:
-            log.warning("target %s: journal ends in a torn record at byte %d (a crash while it was written); "
-                        "it is dropped (that update had not returned)", self.path, good)
+        """Apply the journals' records newer than SQLite's `applied_seq` (a torn last record, from a crash
+        in the middle of its write, ends a journal file), flush them into SQLite, empty the journals."""
+        fds, records = [], []
+        for name in JOURNAL_FILES:
+            path = os.path.join(self.path, name)
+            fds.append(os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644))
+            if self._journal_fd is None:
+                self._journal_fd = fds[0]
+            else:
+                self._retired_fd = fds[1]
+            found, good = read_journal(path)
+            if good < os.fstat(fds[-1]).st_size:
+                log.warning("target %s: %s ends in a torn record at byte %d (a crash while it was written); "
+                            "it is dropped (that update had not returned)", self.path, name, good)
+            records += found
+        records.sort(key=lambda r: r[0])
+        self._retired_dirty = True  # (until the flush below empties both)
         replayed = 0
         self._replaying = True
         try:
@@ -427,8 +456,7 @@ class ChunkEngineV2:
         if replayed:
             log.info("target %s: replayed %d journal records", self.path, replayed)
         self._flush()
-        os.ftruncate(self._journal_fd, 0)
-        self._journal_records = self._journal_bytes = 0
+        self._empty_journals()
         if replayed:
             self._load_groups()  # the allocator's view from the bitmaps just written
 
@@ -468,7 +496,7 @@ class ChunkEngineV2:
             self._fold(row[0], st)
         if rows:
             log.info("target %s: folded %d overlays of commits a crash interrupted", self.path, len(rows))
-            with self._lock:
+            with self._flush_mutex, self._lock:
                 self._flush()
 
     def _fd(self, cls: int, file: int) -> int:
@@ -482,15 +510,17 @@ class ChunkEngineV2:
     def _close_files(self) -> None:
         for fd in getattr(self, "_fds", {}).values():
             os.close(fd)
-        if getattr(self, "_journal_fd", None) is not None:
-            os.close(self._journal_fd)
-            self._journal_fd = None
-        if getattr(self, "_db", None) is not None:
-            self._db.close()
+        for name in ("_journal_fd", "_retired_fd"):
+            if getattr(self, name, None) is not None:
+                os.close(getattr(self, name))
+                setattr(self, name, None)
+        for name in ("_db", "_wdb"):
+            if getattr(self, name, None) is not None:
+                getattr(self, name).close()
 
     def close(self) -> None:
         """Persist deferred metadata, close the files and unlock the target. Idempotent."""
-        with self._lock:
+        with self._flush_mutex, self._lock:
             if self._lock_fd is None:
                 return
             if not self._closed:  # (closed but not released: a failed batch; its memory is not persisted)
@@ -572,14 +602,77 @@ class ChunkEngineV2:
         self._journal_bytes += len(record)
 
     def _set(self, chunk_id: bytes, old: State | None, new: State | None) -> None:
-        """A state change (caller holds the lock); flushes the journal into SQLite when it is long."""
+        """A state change (caller holds the lock). When the journal is long, the update that made it so
+        flushes it into SQLite once it has let go of the lock (`_flush_soon`), so reads and other
+        updates go on meanwhile; only far past the limit (flushes failing or lagging) inline."""
         self._apply(chunk_id, old, new)
         if not self._batch and (self._journal_records >= JOURNAL_FLUSH_RECORDS
                                 or self._journal_bytes >= JOURNAL_FLUSH_BYTES):
+            self._flush_due = True
+            if ((self._journal_records >= JOURNAL_FORCE_FACTOR * JOURNAL_FLUSH_RECORDS
+                 or self._journal_bytes >= JOURNAL_FORCE_FACTOR * JOURNAL_FLUSH_BYTES)
+                    and self._flush_mutex.acquire(blocking=False)):
+                try:
+                    self._flush()
+                except ThreeFSError as exc:  # the journal holds it all; a later flush retries
+                    log.warning("target %s: journal flush into SQLite failed (retried later): %s", self.path, exc)
+                finally:
+                    self._flush_mutex.release()
+
+    def _flush_soon(self) -> None:
+        """The flush an update owes (`_flush_due`), written to SQLite outside the engine lock. Caller
+        holds no lock. Under the lock: the journaled states are taken as they are and appends move to
+        the other journal file; outside it: one SQLite transaction of them; under the lock again: states
+        not changed since become cached ones, and the retired journal file is emptied. A kill at any point
+        leaves every record either in SQLite (applied_seq) or in a journal file start-up replays."""
+        if not self._flush_due or not self._flush_mutex.acquire(blocking=False):
+            return  # nothing owed, or a flush runs (the next update checks again)
+        try:
+            with self._lock:
+                if self._closed or self._batch or not self._flush_due:
+                    return
+                self._flush_due = False
+                if self._retired_dirty:  # an earlier flush failed: both files hold records; flush it all
+                    try:
+                        self._flush()
+                    except ThreeFSError as exc:
+                        self._flush_due = True
+                        log.warning("target %s: journal flush into SQLite failed (retried later): %s", self.path,
+                                    exc)
+                    return
+                snap = dict(self._dirty)
+                touched = {gid: self._db_bits.get(gid, 0) for gid in self._touched}
+                self._touched = set()
+                seq, count = self._seq, self._count
+                self._journal_fd, self._retired_fd = self._retired_fd, self._journal_fd
+                self._retired_dirty = True
+                self._journal_records = self._journal_bytes = 0
             try:
-                self._flush()
-            except ThreeFSError as exc:  # the journal holds it all; a later flush retries
+                self._write_store(snap, touched, seq, count)
+            except ThreeFSError as exc:
+                with self._lock:
+                    self._touched |= touched.keys()
+                    self._flush_due = True
                 log.warning("target %s: journal flush into SQLite failed (retried later): %s", self.path, exc)
+                return
+            with self._lock:
+                dirty, cache = self._dirty, self._cache
+                if len(cache) + len(snap) >= CACHE_MAX:
+                    cache.clear()
+                for c, (_, new) in snap.items():
+                    now = dirty[c]  # (only flushes remove entries, and this one holds the flush mutex)
+                    if now[1] is new:
+                        del dirty[c]
+                        cache[c] = new
+                    else:
+                        dirty[c] = (new, now[1])  # SQLite holds `new` now
+                self._applied_seq = seq
+                self._count_unsaved = False
+                os.ftruncate(self._retired_fd, 0)  # its records are all <= applied_seq
+                self._retired_dirty = False
+                self._synced_seq = max(self._synced_seq, seq)  # SQLite synced them (FULL)
+        finally:
+            self._flush_mutex.release()
 
     def _durable(self) -> None:
         """With fsync, the journal on disk up to the caller's record (group commit: one fdatasync covers
@@ -591,33 +684,33 @@ class ChunkEngineV2:
             if self._synced_seq >= mine:
                 return
             upto = self._seq
-            try:
-                os.fdatasync(self._journal_fd)
+            try:  # both files: a flush may have moved appends to the other one since our record
+                for fd in (self._journal_fd, self._retired_fd):
+                    os.fdatasync(fd)
             except OSError as exc:
                 raise _os_error(exc, f"target {self.path}: metadata journal sync failed") from exc
             self._synced_seq = max(self._synced_seq, upto)
         with self._lock:
             self._release_limbo()
 
-    def _flush(self) -> None:
-        """Write every journaled state into SQLite in one transaction, then empty the journal (caller
-        holds the lock). On failure SQLite is unchanged and the journal still holds everything."""
-        if not self._dirty and not self._touched and not self._count_unsaved:
-            return
-        db = self._db
+    def _write_store(self, dirty: dict, touched: dict, seq: int, count: int) -> None:
+        """One SQLite transaction (the writer connection; caller holds the flush mutex): the states of
+        `dirty` ({chunk: (state SQLite holds, new state)}), the group bitmaps `touched`, applied_seq and
+        the chunk count. On failure SQLite is unchanged."""
+        db = self._wdb
         try:
             db.execute("BEGIN")
-            puts = [state_to_row(c, new) for c, (_, new) in self._dirty.items() if new is not None]
+            puts = [state_to_row(c, new) for c, (_, new) in dirty.items() if new is not None]
             if puts:
                 db.executemany(_UPSERT, puts)
-            dels = [(c,) for c, (old, new) in self._dirty.items() if new is None and old is not None]
+            dels = [(c,) for c, (old, new) in dirty.items() if new is None and old is not None]
             if dels:
                 db.executemany("DELETE FROM chunks WHERE id = ?", dels)
-            if self._touched:
+            if touched:
                 db.executemany("INSERT OR REPLACE INTO groups VALUES (?, ?)",
-                               [(gid, self._db_bits.get(gid, 0).to_bytes(32, "little")) for gid in self._touched])
-            db.execute("INSERT OR REPLACE INTO info VALUES ('applied_seq', ?)", (self._seq,))
-            db.execute("INSERT OR REPLACE INTO info VALUES ('chunk_count', ?)", (self._count,))
+                               [(gid, bits.to_bytes(32, "little")) for gid, bits in touched.items()])
+            db.execute("INSERT OR REPLACE INTO info VALUES ('applied_seq', ?)", (seq,))
+            db.execute("INSERT OR REPLACE INTO info VALUES ('chunk_count', ?)", (count,))
             db.execute("COMMIT")
         except sqlite3.Error as exc:
             try:
@@ -625,8 +718,25 @@ class ChunkEngineV2:
             except sqlite3.Error:
                 pass
             raise _sql_error(exc, self.path) from exc
+
+    def _empty_journals(self) -> None:
+        for fd in (self._journal_fd, self._retired_fd):
+            if fd is not None:
+                os.ftruncate(fd, 0)  # records up to applied_seq are skipped if this is lost
+        self._retired_dirty = False
+        self._journal_records = self._journal_bytes = 0
+
+    def _flush(self) -> None:
+        """Write every journaled state into SQLite in one transaction, then empty both journal files
+        (caller holds the flush mutex, then the lock; or is opening the engine). On failure SQLite is
+        unchanged and the journals still hold everything."""
+        if not self._dirty and not self._touched and not self._count_unsaved:
+            return
+        self._write_store(self._dirty, {gid: self._db_bits.get(gid, 0) for gid in self._touched}, self._seq,
+                          self._count)
         self._applied_seq = self._seq
         self._count_unsaved = False
+        self._flush_due = False
         if len(self._cache) + len(self._dirty) >= CACHE_MAX:
             self._cache.clear()
         for c, (_, new) in self._dirty.items():
@@ -634,8 +744,7 @@ class ChunkEngineV2:
         self._dirty.clear()
         self._touched.clear()
         if not self._replaying and self._journal_fd is not None:
-            os.ftruncate(self._journal_fd, 0)  # records up to applied_seq are skipped if this is lost
-            self._journal_records = self._journal_bytes = 0
+            self._empty_journals()
             self._synced_seq = max(self._synced_seq, self._applied_seq)  # SQLite synced them (FULL)
 
     @contextmanager
@@ -643,7 +752,7 @@ class ChunkEngineV2:
         """Group every metadata change inside into one SQLite transaction, without journal records (bulk
         loads, migration). A kill inside loses all of them (their blocks are in no persisted bitmap). A
         failure inside leaves memory ahead of the store: the engine must then be closed and reopened."""
-        with self._lock:
+        with self._flush_mutex, self._lock:
             self._check_open()
             self._flush()
             self._batch += 1
@@ -654,7 +763,7 @@ class ChunkEngineV2:
                 self._batch = 0
                 self._closed = True  # in-memory state no longer matches: reopen
             raise
-        with self._lock:
+        with self._flush_mutex, self._lock:
             self._batch = 0
             try:
                 self._flush()
@@ -844,8 +953,8 @@ class ChunkEngineV2:
         """Data files and the metadata on disk (end of a migration)."""
         for fd in self._fds.values():
             os.fdatasync(fd)
-        with self._lock:
-            self._db.execute("PRAGMA wal_checkpoint(FULL)")
+        with self._flush_mutex, self._lock:
+            self._wdb.execute("PRAGMA wal_checkpoint(FULL)")
 
     def _sync(self, *blocks) -> None:
         if self._fsync:
@@ -873,7 +982,7 @@ class ChunkEngineV2:
         if limit:
             sql += " LIMIT ?"
             args.append(limit)
-        with self._lock:
+        with self._flush_mutex, self._lock:
             self._check_open()
             self._flush()  # range queries read SQLite
             rows = self._db.execute(sql, args).fetchall()
@@ -1261,7 +1370,7 @@ class ChunkEngineV2:
         return {"chunks_moved": moved, "bytes_moved": moved_bytes, **done}
 
     def _move_sparse(self, budget: int, sparse_fraction: float) -> tuple[int, int]:
-        with self._lock:
+        with self._flush_mutex, self._lock:
             self._check_open()
             limit = int(GROUP_BLOCKS * sparse_fraction)
             sources = {gid for gid, bits in self._mem_bits.items() if 0 < bits.bit_count() <= limit}
@@ -1316,11 +1425,12 @@ class ChunkEngineV2:
                     if self._waiters:
                         self._moved.notify_all()
         self._durable()
+        self._flush_soon()
         return moved, moved_bytes
 
     def _punch_empty(self) -> dict:
         punched = 0
-        with self._lock:
+        with self._flush_mutex, self._lock:
             self._check_open()
             self._flush()
             self._release_limbo()
@@ -1344,7 +1454,7 @@ class ChunkEngineV2:
                         self._ready.discard(gid)  # the next allocation in it fallocates again
                         punched += 1
                 if top < n or os.fstat(fd).st_size > top * GROUP_BLOCKS * bs:
-                    self._db.execute("DELETE FROM groups WHERE gid >= ? AND gid < ?",
+                    self._wdb.execute("DELETE FROM groups WHERE gid >= ? AND gid < ?",
                                      ((cls << 48) | (file << 32) | top, (cls << 48) | ((file + 1) << 32)))
                     os.ftruncate(fd, top * GROUP_BLOCKS * bs)
                     for g in range(top, n):

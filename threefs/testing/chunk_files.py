@@ -34,7 +34,7 @@ def random_committed_byte(data_dir: str | Path, rng) -> tuple[Path, int, str] | 
     import sqlite3
 
     from threefs.storage.chunk_engine_v2 import (block_size, committed_position, pos_block, pos_class, pos_file,
-                                                 read_journal)
+                                                 read_journals)
 
     # a target is a directory two levels down (LocalCluster: storage-N/target-M; netns hosts: sN/tM)
     targets = sorted(t for t in Path(data_dir).glob("*/*") if (t / "meta.sqlite").exists() or (t / "data").is_dir())
@@ -65,7 +65,7 @@ def random_committed_byte(data_dir: str | Path, rng) -> tuple[Path, int, str] | 
                 db.close()
         except sqlite3.Error:
             continue  # being created
-        ids.update(cid for _, cid, _ in read_journal(str(target / "journal"))[0])
+        ids.update(cid for _, cid, _ in read_journals(str(target)))
         candidates = sorted(ids)
         rng.shuffle(candidates)
         for cid in candidates[:64]:
