@@ -554,8 +554,10 @@ class ChunkEngineV2:
             return self._cache[chunk_id]
         except KeyError:
             pass
-        row = self._db.execute(f"SELECT {_COLUMNS} FROM chunks WHERE id = ?", (chunk_id,)).fetchone()
-        st = None if row is None else row_to_state(row)
+        # fetchall steps the statement to its end, which ends its read transaction at once: a statement
+        # left open would pin this connection to an old snapshot while flushes commit on the writer's
+        rows = self._db.execute(f"SELECT {_COLUMNS} FROM chunks WHERE id = ?", (chunk_id,)).fetchall()
+        st = row_to_state(rows[0]) if rows else None
         if len(self._cache) >= CACHE_MAX:
             self._cache.clear()
         self._cache[chunk_id] = st
