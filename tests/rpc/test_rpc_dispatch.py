@@ -312,3 +312,31 @@ def test_each_request_has_its_own_context(runner):
             await server.stop()
 
     runner(main())
+
+
+def test_a_blocking_connection_times_out_by_the_kernels_timer():
+    """rpc/blocking.py keeps its timeout in the socket (SO_RCVTIMEO): a server that does not answer in time
+    makes the call fail as Broken, saying so, after about that time, and the connection is not reused."""
+    from threefs.rpc.blocking import Broken
+
+    async def main():
+        server, service, addr = await _start()
+        try:
+            def call():
+                conn = BlockingConnection(addr, TOKEN, "slow-reader", 0.5)
+                try:
+                    t0 = time.monotonic()
+                    with pytest.raises(Broken) as e:
+                        conn.exchange(KIND_REQUEST, "d.hold", body_encoder.encode(Req("never")), 30)
+                    return str(e.value), time.monotonic() - t0
+                finally:
+                    conn.close()
+
+            why, took = await asyncio.get_running_loop().run_in_executor(None, call)
+            assert "timed out after 0.5 s" in why
+            assert took < 20  # the socket's 0.5 s, not the request's 30 s deadline
+        finally:
+            service.release.set()
+            await server.stop()
+
+    uvloop.run(main())
