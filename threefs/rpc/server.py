@@ -16,7 +16,7 @@ import contextvars
 import hmac
 import logging
 import time
-from asyncio.tasks import _enter_task, _leave_task
+from asyncio.tasks import _current_tasks, _enter_task, _leave_task
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -243,11 +243,10 @@ class ServerConnection(FramedProtocol):
         loop = self._loop
         stand_in = _StandIn()
         context = contextvars.copy_context()  # as a Task would: the request's own context
-        try:
-            _enter_task(loop, stand_in)
-        except RuntimeError:  # called from inside a task (a resumed reader): the ordinary way
+        if _current_tasks.get(loop) is not None:  # called from inside a task: the ordinary way
             self._spawn(coro)
             return
+        _enter_task(loop, stand_in)
         try:
             first = context.run(coro.send, None)
         except StopIteration:
