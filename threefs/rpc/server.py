@@ -45,7 +45,7 @@ def rpc(request_type: type, name: str | None = None):
     return mark
 
 
-@dataclass
+@dataclass(slots=True)
 class CallContext:
     method: str
     peer: str
