@@ -14,10 +14,10 @@ SYNC_CONNECTIONS_PER_SERVER, well under the servers' per-client limit); a thread
 one, and gives it back after its call. When all are busy, `call` returns NOT_TAKEN and the caller uses the
 event loop's multiplexed connection instead, so any number of threads still works.
 
-Each client keeps to one meta server (picked at random among the live ones, so clients spread over them) for
-as long as it answers: that server's KV read cache then holds this client's working set (its directories'
-records), where calls alternating between servers found them changed by the other server's commits and
-read them again from the KV on every mutation. Failover is the async path's: the next live meta server
+Each client keeps to one meta server (picked by host and process id among the live ones, so clients spread
+over them) for as long as it answers: that server's KV read cache then holds this client's working set
+(its directories' records), where calls alternating between servers found them changed by the other
+server's commits and read them again from the KV on every mutation. Failover is the async path's: the next live meta server
 (from the routing the client's loop keeps fresh) with the same request id, so a retried mutation never
 acts twice; the server that answered becomes the one this client keeps to. A pooled connection the server
 closed (restart) is noticed before use by a zero-timeout poll, and a call that fails on a reused
@@ -28,7 +28,9 @@ After a fork the child never touches the parent's sockets: the pool belongs to o
 
 from __future__ import annotations
 
-import random
+import os
+import socket
+import zlib
 
 import msgspec
 
@@ -53,7 +55,9 @@ class SyncMetaCalls:
                                   SYNC_CONNECTIONS_PER_SERVER)
         self._routing = None  # the routing snapshot self._servers was taken from (snapshots are immutable)
         self._servers: list = []
-        self._seed = random.randrange(1 << 30)  # where this client starts among the meta servers
+        # Where this client starts among the meta servers: by process id (and host), so that processes
+        # started together (8 benchmark clients, DataLoader workers) spread evenly over the servers.
+        self._seed = zlib.crc32(socket.gethostname().encode()) + os.getpid()
         self._keep_to: int | None = None  # node id of the meta server that answered last
 
     def _meta_servers(self, routing) -> list:
