@@ -17,11 +17,11 @@ event loop's multiplexed connection instead, so any number of threads still work
 Each client keeps to one meta server (picked by host and process id among the live ones, so clients spread
 over them) for as long as it answers: that server's KV read cache then holds this client's working set
 (its directories' records), where calls alternating between servers found them changed by the other
-server's commits and read them again from the KV on every mutation. Failover is the async path's: the next live meta server
-(from the routing the client's loop keeps fresh) with the same request id, so a retried mutation never
-acts twice; the server that answered becomes the one this client keeps to. A pooled connection the server
-closed (restart) is noticed before use by a zero-timeout poll, and a call that fails on a reused
-connection is retried once on a fresh one to the same server.
+server's commits and read them again from the KV on every mutation. Failover is the async path's: the
+next live meta server (from the routing the client's loop keeps fresh) with the same request id, so a
+retried mutation never acts twice; the server that answered becomes the one this client keeps to. A pooled
+connection the server closed (restart) is noticed before use by a zero-timeout poll, and a call that fails
+on a reused connection is retried once on a fresh one to the same server.
 
 After a fork the child never touches the parent's sockets: the pool belongs to one process id.
 """
