@@ -14,15 +14,23 @@ SYNC_CONNECTIONS_PER_SERVER, well under the servers' per-client limit); a thread
 one, and gives it back after its call. When all are busy, `call` returns NOT_TAKEN and the caller uses the
 event loop's multiplexed connection instead, so any number of threads still works.
 
-Failover is the async path's: the next live meta server (from the routing the client's loop keeps fresh)
-with the same request id, so a retried mutation never acts twice. A pooled connection the server closed
-(restart) is noticed before use by a zero-timeout poll, and a call that fails on a reused connection is
-retried once on a fresh one to the same server.
+Each client keeps to one meta server (picked by host and process id among the live ones, so clients spread
+over them) for as long as it answers: that server's KV read cache then holds this client's working set
+(its directories' records), where calls alternating between servers found them changed by the other
+server's commits and read them again from the KV on every mutation. Failover is the async path's: the
+next live meta server (from the routing the client's loop keeps fresh) with the same request id, so a
+retried mutation never acts twice; the server that answered becomes the one this client keeps to. A pooled
+connection the server closed (restart) is noticed before use by a zero-timeout poll, and a call that fails
+on a reused connection is retried once on a fresh one to the same server.
 
 After a fork the child never touches the parent's sockets: the pool belongs to one process id.
 """
 
 from __future__ import annotations
+
+import os
+import socket
+import zlib
 
 import msgspec
 
@@ -45,6 +53,17 @@ class SyncMetaCalls:
         self._timeout = timeout
         self._pool = BlockingPool(lambda: aio.config.token, lambda: aio.rpc.client_id, timeout,
                                   SYNC_CONNECTIONS_PER_SERVER)
+        self._routing = None  # the routing snapshot self._servers was taken from (snapshots are immutable)
+        self._servers: list = []
+        # Where this client starts among the meta servers: by process id (and host), so that processes
+        # started together (8 benchmark clients, DataLoader workers) spread evenly over the servers.
+        self._seed = zlib.crc32(socket.gethostname().encode()) + os.getpid()
+        self._keep_to: int | None = None  # node id of the meta server that answered last
+
+    def _meta_servers(self, routing) -> list:
+        if routing is not self._routing:
+            self._servers, self._routing = routing.nodes_of_type(META), routing
+        return self._servers
 
     def call(self, method: str, req, rsp_type):
         """The response, or NOT_TAKEN when the call must take the event loop's path instead."""
@@ -52,7 +71,7 @@ class SyncMetaCalls:
         routing = aio.mgmtd.routing
         if routing is None or not self._pool.usable():
             return NOT_TAKEN
-        servers = routing.nodes_of_type(META)
+        servers = self._meta_servers(routing)
         if not servers:
             return NOT_TAKEN  # the async path refreshes the routing and says what is wrong
         if getattr(req, "request_id", None) == 0:  # one id per call: failover retries reuse it
@@ -61,7 +80,13 @@ class SyncMetaCalls:
             req.user = aio.acting_user
         body = body_encoder.encode(req)
         name = "meta." + method
-        start = next(aio._meta_rr)
+        start = self._seed
+        keep_to = self._keep_to
+        if keep_to is not None:
+            for i, node in enumerate(servers):
+                if node.node_id == keep_to:
+                    start = i
+                    break
         errors = []
         for i in range(len(servers)):
             node = servers[(start + i) % len(servers)]
@@ -88,7 +113,9 @@ class SyncMetaCalls:
                     if header.status in (StatusCode.UNAVAILABLE, StatusCode.TIMEOUT):
                         errors.append(f"meta {node.node_id} at {node.addr}: {header.message}")
                         break
+                    self._keep_to = node.node_id
                     raise status_error(header.status, header.message)
+                self._keep_to = node.node_id
                 try:
                     return _decoder(rsp_type).decode(header.body)
                 except (msgspec.DecodeError, msgspec.ValidationError) as e:

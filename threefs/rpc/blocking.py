@@ -14,6 +14,7 @@ import itertools
 import os
 import select
 import socket
+import struct
 import threading
 
 import msgspec
@@ -33,6 +34,12 @@ class Broken(Exception):
     """The connection cannot be used any more (closed, timed out, garbled); the call may go elsewhere."""
 
 
+def _why(e: BaseException, timeout: float) -> str:
+    if isinstance(e, (BlockingIOError, TimeoutError)):  # the kernel's SO_RCVTIMEO / SO_SNDTIMEO
+        return f"timed out after {timeout:.1f} s"
+    return f"{type(e).__name__} {e}".rstrip()
+
+
 class BlockingConnection:
     """One blocking, authenticated connection to one server, used by one thread at a time."""
 
@@ -45,7 +52,15 @@ class BlockingConnection:
         except OSError as e:
             raise Broken(f"cannot connect to {addr}: {type(e).__name__} {e}".rstrip()) from e
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.settimeout(timeout)
+        # A blocking socket whose timeouts the kernel keeps (SO_RCVTIMEO/SO_SNDTIMEO): with Python's own
+        # socket timeout every send and receive is a poll() first and then the call, twice the system
+        # calls of a round trip. A call that times out raises BlockingIOError (EAGAIN), as Python's
+        # timeout raised TimeoutError; either is Broken.
+        self.timeout = timeout
+        self.sock.settimeout(None)
+        tv = struct.pack("ll", int(timeout), int((timeout % 1) * 1_000_000))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
         self._buf = bytearray(RECV_BYTES)
         self._view = memoryview(self._buf)
         self._start = self._end = 0
@@ -97,7 +112,7 @@ class BlockingConnection:
         try:
             self.sock.sendall(head)
         except OSError as e:
-            raise Broken(f"{method} to {self.addr}: {type(e).__name__} {e}".rstrip()) from e
+            raise Broken(f"{method} to {self.addr}: {_why(e, self.timeout)}") from e
         return rid
 
     def receive(self, expect: dict[int, memoryview | None]) -> tuple[Header, memoryview | None]:
@@ -127,7 +142,7 @@ class BlockingConnection:
                 self._read_into(dest)
                 return header, dest
         except (OSError, EOFError, msgspec.DecodeError) as e:
-            raise Broken(f"response from {self.addr}: {type(e).__name__} {e}".rstrip()) from e
+            raise Broken(f"response from {self.addr}: {_why(e, self.timeout)}") from e
 
     def _fill(self, need: int) -> None:
         """Make at least `need` unread bytes available in the buffer."""

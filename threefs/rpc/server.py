@@ -12,9 +12,11 @@ A service is a plain object whose handler methods are marked with `@rpc(RequestT
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hmac
 import logging
 import time
+from asyncio.tasks import _current_tasks, _enter_task, _leave_task
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -43,7 +45,7 @@ def rpc(request_type: type, name: str | None = None):
     return mark
 
 
-@dataclass
+@dataclass(slots=True)
 class CallContext:
     method: str
     peer: str
@@ -67,7 +69,80 @@ Authenticator = Callable[[str], Awaitable[str | None]]  # token -> principal, No
 Handler = tuple[Callable[..., Awaitable[Any]], msgspec.msgpack.Decoder]
 
 
+class _StandIn:
+    """The current task while a request runs its first step inside the reader's callback (Python 3.11 has no
+    eager tasks). What that step captures as "the current task" (asyncio.timeout, a TaskGroup) keeps
+    working if the request then waits: the stand-in forwards to the Task that takes the request over."""
+
+    __slots__ = ("task", "_cancels", "_cancel_msg")
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task | None = None
+        self._cancels = 0  # cancel() calls made before a Task existed (passed on to it)
+        self._cancel_msg = None
+
+    def cancel(self, msg=None) -> bool:
+        if self.task is not None:
+            return self.task.cancel(msg)
+        self._cancels += 1
+        self._cancel_msg = msg
+        return True
+
+    def cancelling(self) -> int:
+        return self.task.cancelling() if self.task is not None else self._cancels
+
+    def uncancel(self) -> int:
+        if self.task is not None:
+            return self.task.uncancel()
+        self._cancels = max(0, self._cancels - 1)
+        return self._cancels
+
+    def done(self) -> bool:
+        return self.task is not None and self.task.done()
+
+    def hand_over(self, task: asyncio.Task) -> None:
+        self.task = task
+        if self._cancels:
+            task.cancel(self._cancel_msg)
+
+
+class _Resumed:
+    """A coroutine that was run by hand up to its first suspension, to be resumed by whoever awaits (or a
+    Task that runs) this: it first yields what the coroutine yielded, then delegates to it."""
+
+    __slots__ = ("_coro", "_first", "_fresh")
+
+    def __init__(self, coro, first) -> None:
+        self._coro = coro
+        self._first = first
+        self._fresh = True
+
+    def send(self, value):
+        if self._fresh:
+            self._fresh = False
+            return self._first
+        return self._coro.send(value)
+
+    def throw(self, *exc):
+        self._fresh = False
+        return self._coro.throw(*exc)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __next__(self):
+        return self.send(None)
+
+    def __iter__(self):
+        return self
+
+    def __await__(self):
+        return self
+
+
 class ServerConnection(FramedProtocol):
+    batch_writes = True  # the answers of handlers that finish inside one read go out in one write
+
     def __init__(self, server: "RpcServer"):
         super().__init__()
         self.server = server
@@ -154,10 +229,37 @@ class ServerConnection(FramedProtocol):
                 )
             )
             return
-        self._spawn(self._dispatch(header, payload))
+        self._run_eagerly(self._dispatch(header, payload))
 
     def _spawn(self, coro) -> None:
         task = self._loop.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _run_eagerly(self, coro) -> None:
+        """Run a request right here, in the reader's callback, up to its first wait; only a request that waits
+        becomes a Task (3.12's eager tasks). Most metadata calls never wait: they cost no Task, no loop
+        iteration and no done callback. A request in flight is one that waits (self.tasks), as before."""
+        loop = self._loop
+        stand_in = _StandIn()
+        context = contextvars.copy_context()  # as a Task would: the request's own context
+        if _current_tasks.get(loop) is not None:  # called from inside a task: the ordinary way
+            self._spawn(coro)
+            return
+        _enter_task(loop, stand_in)
+        try:
+            first = context.run(coro.send, None)
+        except StopIteration:
+            return
+        except BaseException as e:  # _dispatch answers every error itself; this is a bug (or an exit)
+            if not isinstance(e, Exception):
+                raise
+            log.exception("request on %s failed outside its handler", self._peer)
+            return
+        finally:
+            _leave_task(loop, stand_in)
+        task = loop.create_task(_Resumed(coro, first), context=context)
+        stand_in.hand_over(task)
         self.tasks.add(task)
         task.add_done_callback(self._task_done)
 
@@ -245,17 +347,30 @@ class ServerConnection(FramedProtocol):
                 raise status_error(StatusCode.INVALID_ARGUMENT, f"bad {header.method} request: {e}")
             ctx = CallContext(header.method, self._peer, self.principal, self.client_id, payload,
                               loop.time() + timeout, conn=self, rid=header.rid)
-            async with asyncio.timeout(timeout):
-                result = await fn(ctx, req)
-            rsp, out = result if isinstance(result, tuple) else (result, None)
-            body = msgspec.Raw(body_encoder.encode(rsp))
-            out_view = out.view if isinstance(out, Lease) else out
-            bytes_out = 0 if out_view is None else memoryview(out_view).nbytes
+            # The handler runs up to its first wait by hand; the deadline is armed only if it waits (a
+            # timer per request costs as much as a small handler). It counts from the request's arrival.
+            coro = fn(ctx, req)
             try:
-                await self._send_quiet(Header(KIND_RESPONSE, header.rid, body=body), out_view)
-            finally:
-                if isinstance(out, Lease):
-                    out.release()
+                first = coro.send(None)
+            except StopIteration as done:
+                result = done.value
+            else:
+                async with asyncio.timeout_at(ctx.deadline):
+                    result = await _Resumed(coro, first)
+            rsp, out = result if isinstance(result, tuple) else (result, None)
+            rsp_header = Header(KIND_RESPONSE, header.rid, body=msgspec.Raw(body_encoder.encode(rsp)))
+            if out is None:
+                bytes_out = 0
+                if not self.write_frame(rsp_header):
+                    await self._send_quiet(rsp_header)
+            else:
+                out_view = out.view if isinstance(out, Lease) else out
+                bytes_out = memoryview(out_view).nbytes
+                try:
+                    await self._send_quiet(rsp_header, out_view)
+                finally:
+                    if isinstance(out, Lease):
+                        out.release()
             self.server.observe(header.method, time.perf_counter() - started, None,
                                 0 if payload is None else payload.nbytes, bytes_out)
         except ThreeFSError as e:
@@ -275,7 +390,9 @@ class ServerConnection(FramedProtocol):
                 f"{type(e).__name__}: {e}"))
 
     async def _reply_error(self, rid: int, e: ThreeFSError) -> None:
-        await self._send_quiet(Header(KIND_RESPONSE, rid, status=int(e.code), message=e.message))
+        header = Header(KIND_RESPONSE, rid, status=int(e.code), message=e.message)
+        if not self.write_frame(header):
+            await self._send_quiet(header)
 
     async def _send_quiet(self, header: Header, payload=None) -> None:
         try:

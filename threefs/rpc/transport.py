@@ -11,13 +11,20 @@ log = logging.getLogger(__name__)
 
 
 class FramedProtocol(asyncio.BufferedProtocol):
-    """Reads frames with `FrameReader`; writes frames with back-pressure (`await send(...)`)."""
+    """Reads frames with `FrameReader`; writes frames with back-pressure (`await send(...)`).
+
+    With `batch_writes`, frames without a payload that are written while one `buffer_updated` is being
+    handled (answers of handlers that finished inside it) are sent in one `transport.write` at its end: one
+    system call for all the answers to the requests one read delivered."""
+
+    batch_writes = False
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.reader = FrameReader(self.frame_received, self.allocate_payload)
         self._paused = False
         self._drain_waiters: list[asyncio.Future] = []
+        self._batch: list[bytes] | None = None  # header-only frames to write at the end of buffer_updated
         self.closed = asyncio.get_running_loop().create_future()
 
     # subclass hooks -------------------------------------------------------------------------------
@@ -41,12 +48,26 @@ class FramedProtocol(asyncio.BufferedProtocol):
         return self.reader.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self.batch_writes:
+            self._batch = []
         try:
             self.reader.buffer_updated(nbytes)
         except FrameError as e:
+            self._flush_batch()
             log.warning("closing connection %s: %s", self.peer, e)
             self.on_frame_error(e)
             self.transport.close()
+        finally:
+            if self._batch is not None:
+                self._flush_batch()
+                self._batch = None
+
+    def _flush_batch(self) -> None:
+        batch = self._batch
+        if batch:
+            self._batch = []
+            if not self.is_closing():
+                self.transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
 
     def connection_lost(self, exc) -> None:
         if not self.closed.done():
@@ -77,6 +98,22 @@ class FramedProtocol(asyncio.BufferedProtocol):
     def is_closing(self) -> bool:
         return self.transport is None or self.transport.is_closing()
 
+    def write_frame(self, header: Header, payload=None) -> bool:
+        """Write one frame now if the transport takes it: True = written and nothing to wait for (the kernel
+        has the bytes, or they wait in this callback's batch); False = nothing written, `send` must be used
+        (a full kernel buffer, or a closed connection: send raises). A written frame never makes the caller
+        wait afterwards here; a payload frame that did not fit is awaited by `send`."""
+        if self._paused or self.is_closing():
+            return False
+        if payload is None:
+            head = encode_frame_head(header, 0)
+            if self._batch is not None:
+                self._batch.append(head)
+                return True
+            self.transport.write(head)
+            return True
+        return False
+
     async def send(self, header: Header, payload=None) -> None:
         """Write one frame; waits while the kernel buffer is full (bounded memory per connection)."""
         plen = len(payload) if payload is not None else 0
@@ -88,7 +125,11 @@ class FramedProtocol(asyncio.BufferedProtocol):
         if self.is_closing():
             raise ConnectionResetError(f"connection to {self.peer} is closed")
         if plen:
+            self._flush_batch()  # frames keep their order
             self.transport.writelines((head, payload))
+        elif self._batch is not None:
+            self._batch.append(head)
+            return  # written at the end of this buffer_updated; nothing of the caller's to hold
         else:
             self.transport.write(head)
         while self._paused and not self.is_closing():  # wait until the kernel has the bytes
