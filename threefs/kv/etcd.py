@@ -63,7 +63,6 @@ import heapq
 import json
 import logging
 import os
-import random
 import time
 import urllib.parse
 from bisect import bisect_left, insort
@@ -77,8 +76,7 @@ import msgspec
 
 from threefs.common.status import KVConflictError, StatusCode, ThreeFSError, status_error
 from threefs.kv import etcd_wire as wire
-from threefs.kv.api import (MVCC_WINDOW_S, RETRY_BACKOFF_S_MAX, RETRY_BACKOFF_S_MIN, RETRYABLE_CODES, KVEngine,
-                            Transaction)
+from threefs.kv.api import MVCC_WINDOW_S, KVEngine, Transaction
 from threefs.kv.txn import BufferedTransaction, Range, WriteBuffer, check_key, coalesce, find_overlap, key_after
 
 log = logging.getLogger(__name__)
@@ -411,63 +409,27 @@ class EtcdEngine(KVEngine):
             raise status_error(StatusCode.KV_ERROR, f"etcd KV {self.endpoints} is closed")
         return _EtcdTransaction(self)
 
-    async def run(self, fn: Callable[[Transaction], Awaitable[T]], *, retries_max: int = 100,
-                  timeout_s: float = 10.0) -> T:
-        """KVEngine.run, with speculative transactions (see _EtcdTransaction): their reads come from the
-        replica at its progress without waiting for a read version, and are validated before anything
-        derived from them leaves: the commit checks them, a read-only commit and an error raised by `fn` wait
-        for a read version and check that nothing read changed up to it (else the attempt is retried, as on
-        a conflict)."""
-        if retries_max < 0 or timeout_s <= 0:
-            raise ThreeFSError(StatusCode.INVALID_ARGUMENT, f"run(): retries_max={retries_max} must be >= 0 "
-                               f"and timeout_s={timeout_s} > 0")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        backoff_s = RETRY_BACKOFF_S_MIN
-        attempt = 0
-        while True:  # bounded: each pass uses one of retries_max + 1 attempts
-            if self._closed:
-                raise status_error(StatusCode.KV_ERROR, f"etcd KV {self.endpoints} is closed")
-            # Only the first attempt speculates. A retry takes a read version first and reads at it (from the
-            # replica once its watch has reached it, else from etcd): a replica whose watch is stuck behind
-            # would otherwise make every speculative attempt read the same stale keys and fail validation
-            # until the deadline (seen: a meta server's transactions timing out after 19 attempts).
-            tr = _EtcdTransaction(self, speculative=self.speculative and attempt == 0)
-            scope = asyncio.timeout_at(deadline)
-            try:
-                async with scope:
-                    try:
-                        result = await fn(tr)
-                    except Exception as exc:
-                        if isinstance(exc, ThreeFSError) and exc.code in RETRYABLE_CODES:
-                            raise
-                        # An error derived from speculative reads is only an answer if they were current.
-                        if not await tr.validate():
-                            self.stats["stale_errors"] += 1
-                            raise KVConflictError(StatusCode.KV_CONFLICT, "KV conflict: the transaction's "
-                                                  "reads were stale when it failed") from exc
-                        raise
-                    await tr.commit()
-                return result
-            except ThreeFSError as exc:
-                tr.cancel()
-                if exc.code not in RETRYABLE_CODES or attempt >= retries_max:
-                    raise
-                delay_s = random.uniform(0, backoff_s)
-                if loop.time() + delay_s >= deadline:
-                    raise
-            except TimeoutError:
-                tr.cancel()
-                if not scope.expired():  # fn's own timeout, not our deadline
-                    raise
-                raise status_error(StatusCode.TIMEOUT, f"KV transaction did not finish within {timeout_s} s "
-                                   f"({attempt + 1} attempts)") from None
-            except BaseException:
-                tr.cancel()
-                raise
-            await asyncio.sleep(delay_s)
-            backoff_s = min(backoff_s * 2, RETRY_BACKOFF_S_MAX)
-            attempt += 1
+    # run() is KVEngine.run with speculative transactions (see _EtcdTransaction), through its two hooks: their
+    # reads come from the replica at its progress without waiting for a read version, and are validated before
+    # anything derived from them leaves: the commit checks them, a read-only commit and an error raised by `fn`
+    # wait for a read version and check that nothing read changed up to it (else the attempt is retried, as on
+    # a conflict).
+    def _attempt_transaction(self, attempt: int) -> Transaction:
+        """Only the first attempt speculates. A retry takes a read version first and reads at it (from the
+        replica once its watch has reached it, else from etcd): a replica whose watch is stuck behind would
+        otherwise make every speculative attempt read the same stale keys and fail validation until the
+        deadline (seen: a meta server's transactions timing out after 19 attempts)."""
+        if self._closed:
+            raise status_error(StatusCode.KV_ERROR, f"etcd KV {self.endpoints} is closed")
+        return _EtcdTransaction(self, speculative=self.speculative and attempt == 0)
+
+    async def _check_error(self, tr: Transaction, exc: Exception) -> None:
+        """An error derived from speculative reads is only an answer if they were current."""
+        assert isinstance(tr, _EtcdTransaction)
+        if not await tr.validate():
+            self.stats["stale_errors"] += 1
+            raise KVConflictError(StatusCode.KV_CONFLICT, "KV conflict: the transaction's reads were stale "
+                                  "when it failed") from exc
 
     async def close(self) -> None:
         self._closed = True
