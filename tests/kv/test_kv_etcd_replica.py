@@ -156,8 +156,9 @@ def private_etcd(tmp_path_factory):
 def test_a_stalled_watch_member_and_compaction_never_serve_stale_reads(private_etcd, tmp_path: Path):
     """Engine A's watch member is frozen (SIGSTOP: a cut-off host) while engine B commits and etcd is
     compacted past A's progress. A's next transactions wait at most REPLICA_WAIT_S for its watch, then read
-    etcd (never the stale replica); its watch moves to another member, finds its start revision compacted,
-    and loads the replica afresh, which then serves again."""
+    etcd (never the stale replica); its watch moves to another member (on a stall, or by the leader check:
+    the frozen member led), finds its start revision compacted, and loads the replica afresh, which then
+    serves again."""
     cluster = private_etcd
     endpoints = cluster.endpoints.split(",")
 
@@ -180,7 +181,11 @@ def test_a_stalled_watch_member_and_compaction_never_serve_stale_reads(private_e
                     await _write(b, b"x", b"%d" % i)
                     value, rows = await _read(a, b"x", b"", b"\xff")
                     assert value == b"%d" % i and rows == [(b"x", value)], (i, value)
-                assert a.stats["replica_stalls"] >= 1, a.stats
+                # The watch left the frozen member, by whichever path came first: a stall seen by a transaction
+                # or the watchdog, or the leader check (the frozen member led; the other two elect a leader, and
+                # every LEADER_CHECK_S A moves its watch to it). Which one wins is a matter of timing: asserting
+                # a stall alone failed whenever the leader check came first (1 of ~20 runs under load).
+                assert a.stats["replica_stalls"] + a.stats["watch_leader_moves"] >= 1, a.stats
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + 30
                 while a.stats["replica_loads"] < 2 or a._replica is None:  # reloaded after the compaction

@@ -381,7 +381,7 @@ class EtcdEngine(KVEngine):
                       "replica_stalls": 0, "replica_loads": 0, "watch_streams": 0, "watch_events": 0,
                       "conflicts": 0, "clear_rounds": 0, "txns": 0, "grv_waits": 0,
                       "speculative": 0, "spec_resends": 0, "spec_stale": 0, "stale_errors": 0,
-                      "watch_restarts": 0, "replica_lag_reloads": 0, "spec_lagging": 0,
+                      "watch_restarts": 0, "watch_leader_moves": 0, "replica_lag_reloads": 0, "spec_lagging": 0,
                       "grv_wait_s": 0.0, "replica_wait_s": 0.0, "commit_wait_s": 0.0, "txn_call_s": 0.0}
         # THREEFS_KV_STATS_DIR: every STATS_DUMP_S, this engine writes its stats to etcd-<pid>-<id>.json there
         # (benchmarks read them from the meta and mgmtd processes: round trips and conflicts per operation).
@@ -783,6 +783,7 @@ class EtcdEngine(KVEngine):
             # _current to the new leader already, and a watch left on a cut-off member stays silent (no reset
             # crosses a cut link) while the engine's requests go elsewhere.
             if watch is not None and self.watch_index != index:
+                self.stats["watch_leader_moves"] += 1
                 watch.cancel()  # reopened on the leader, from its progress
         return index
 
