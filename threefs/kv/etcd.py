@@ -734,6 +734,10 @@ class EtcdEngine(KVEngine):
                 if self._replica is not None:
                     self._replica.close()
                 self._replica = None
+                # Not the member's fault: the reloaded replica watches where requests go (moving on, as after a
+                # failure, once put the new stream back on a frozen member it had just left).
+                index = self._current
+                continue
             except (ThreeFSError, grpc.aio.AioRpcError, ConnectionError) as exc:
                 log.info("etcd KV %s: watch stream on %s ended: %s", self.endpoints, self.endpoints[index], exc)
             except Exception:  # a bug: the replica may be half-updated, so it is dropped (reads go to etcd)
@@ -1041,8 +1045,13 @@ class EtcdEngine(KVEngine):
             assert commit.read_version is not None
             below = commit.read_version + 1
             for begin, end in commit.reads:
-                range_end = b"" if end == key_after(begin) else self.marker(end)
-                compares.append(wire.compare(self.marker(begin), wire.MOD, wire.LESS, below, range_end))
+                point = end == key_after(begin)
+                # A set moves the data key's own mod_revision; a delete, a clear of nothing and a write-conflict
+                # key leave none there (a deleted key compares as 0), so they put the marker instead.
+                compares.append(wire.compare(self.stored(begin), wire.MOD, wire.LESS, below,
+                                             b"" if point else self.stored(end)))
+                compares.append(wire.compare(self.marker(begin), wire.MOD, wire.LESS, below,
+                                             b"" if point else self.marker(end)))
             if commit.cr_expected is None:
                 compares.append(wire.compare(self.clear_counter, wire.MOD, wire.LESS, below))
             else:
@@ -1074,10 +1083,11 @@ class EtcdEngine(KVEngine):
             entry = _LOG_ENCODER.encode(writes.cleared)
             ops.append(wire.op_put(wire.put_request(self.clear_log_prefix + commit.ident, entry, lease)))
             ops.append(wire.op_put(wire.put_request(self.clear_counter, b"")))
-        marked = set(writes.ops)
+        marked: set[bytes] = set()
         for key, value in writes.ops.items():
             if value is None:
                 ops.append(wire.op_delete(wire.delete_request(self.stored(key))))
+                marked.add(key)
             else:
                 ops.append(wire.op_put(wire.put_request(self.stored(key), value)))
         marked.update(begin for begin, _ in writes.write_conflicts)
