@@ -220,8 +220,8 @@ def cmd_kv(args) -> None:
 
 # -- creates -------------------------------------------------------------------------------------------
 STATS_KEYS = ("requests", "txns", "commits", "commit_batches", "conflicts", "clear_rounds", "grv", "reads",
-              "spec_resends", "spec_stale", "stale_errors", "grv_wait_s", "replica_wait_s", "commit_wait_s",
-              "txn_call_s")
+              "spec_resends", "spec_stale", "stale_errors", "conflict_rvs", "grv_wait_s", "replica_wait_s",
+              "commit_wait_s", "txn_call_s")
 
 
 def kv_stats(stats_dir: str) -> dict[str, float]:

@@ -124,8 +124,8 @@ class KVEngine(abc.ABC):
         other error is raised at once; when `retries_max` retries or `timeout_s` are used up, the last error is
         raised. An attempt still running at the deadline is cancelled and raises TIMEOUT.
 
-        Engines adapt it through two hooks rather than a loop of their own: `_attempt_transaction(attempt)`
-        makes each attempt's transaction, and `_check_error(tr, exc)` may turn an error raised by `fn` into a
+        Engines adapt it through two hooks rather than a loop of their own: `_attempt_transaction(attempt,
+        previous)` makes each attempt's transaction, and `_check_error(tr, exc)` may turn an error raised by `fn` into a
         retryable one (it runs inside the attempt's deadline).
         """
         if retries_max < 0 or timeout_s <= 0:
@@ -135,8 +135,9 @@ class KVEngine(abc.ABC):
         deadline = loop.time() + timeout_s
         backoff_s = RETRY_BACKOFF_S_MIN
         attempt = 0
+        previous: Transaction | None = None  # the previous attempt's (cancelled) transaction
         while True:  # bounded: each pass uses one of retries_max + 1 attempts
-            tr = self._attempt_transaction(attempt)
+            tr = self._attempt_transaction(attempt, previous)
             scope = asyncio.timeout_at(deadline)
             try:
                 async with scope:
@@ -155,6 +156,9 @@ class KVEngine(abc.ABC):
                 delay_s = random.uniform(0, backoff_s)
                 if loop.time() + delay_s >= deadline:
                     raise
+                # Not the error: its traceback would keep the failed attempt's frames alive (seen: a SQLite
+                # statement's open read snapshot, which made the next BEGIN IMMEDIATE fail "database is locked").
+                previous = tr
             except TimeoutError:
                 tr.cancel()
                 if not scope.expired():  # fn's own timeout, not our deadline
@@ -168,8 +172,9 @@ class KVEngine(abc.ABC):
             backoff_s = min(backoff_s * 2, RETRY_BACKOFF_S_MAX)
             attempt += 1
 
-    def _attempt_transaction(self, attempt: int) -> Transaction:
-        """run()'s hook: the transaction of attempt number `attempt` (0 first). Default: `transaction()`."""
+    def _attempt_transaction(self, attempt: int, previous: Transaction | None) -> Transaction:
+        """run()'s hook: the transaction of attempt number `attempt` (0 first); `previous` is the previous
+        attempt's, which ended with KV_CONFLICT or KV_TOO_OLD (None for the first). Default: `transaction()`."""
         return self.transaction()
 
     async def _check_error(self, tr: Transaction, exc: Exception) -> None:

@@ -381,7 +381,7 @@ class EtcdEngine(KVEngine):
                       "replica_stalls": 0, "replica_loads": 0, "watch_streams": 0, "watch_events": 0,
                       "conflicts": 0, "clear_rounds": 0, "txns": 0, "grv_waits": 0,
                       "speculative": 0, "spec_resends": 0, "spec_stale": 0, "stale_errors": 0,
-                      "watch_restarts": 0, "watch_leader_moves": 0, "replica_lag_reloads": 0, "spec_lagging": 0,
+                      "watch_restarts": 0, "watch_leader_moves": 0, "replica_lag_reloads": 0, "spec_lagging": 0, "conflict_rvs": 0,
                       "grv_wait_s": 0.0, "replica_wait_s": 0.0, "commit_wait_s": 0.0, "txn_call_s": 0.0}
         # THREEFS_KV_STATS_DIR: every STATS_DUMP_S, this engine writes its stats to etcd-<pid>-<id>.json there
         # (benchmarks read them from the meta and mgmtd processes: round trips and conflicts per operation).
@@ -414,14 +414,17 @@ class EtcdEngine(KVEngine):
     # anything derived from them leaves: the commit checks them, a read-only commit and an error raised by `fn`
     # wait for a read version and check that nothing read changed up to it (else the attempt is retried, as on
     # a conflict).
-    def _attempt_transaction(self, attempt: int) -> Transaction:
-        """Only the first attempt speculates. A retry takes a read version first and reads at it (from the
-        replica once its watch has reached it, else from etcd): a replica whose watch is stuck behind would
-        otherwise make every speculative attempt read the same stale keys and fail validation until the
-        deadline (seen: a meta server's transactions timing out after 19 attempts)."""
+    def _attempt_transaction(self, attempt: int, previous: Transaction | None) -> Transaction:
+        """Only the first attempt speculates. A retry reads at a read version (from the replica once its watch
+        has reached it, else from etcd): a replica whose watch is stuck behind would otherwise make every
+        speculative attempt read the same stale keys and fail validation until the deadline (seen: a meta
+        server's transactions timing out after 19 attempts). After a commit conflict that read version is the
+        version key the failed Txn saw (`revision`): a revision read by etcd after run() began, so at or above
+        every commit acknowledged before it, which is all a read version must be; no read-version round trip."""
         if self._closed:
             raise status_error(StatusCode.KV_ERROR, f"etcd KV {self.endpoints} is closed")
-        return _EtcdTransaction(self, speculative=self.speculative and attempt == 0)
+        read_at = previous.conflict_at if isinstance(previous, _EtcdTransaction) else None
+        return _EtcdTransaction(self, speculative=self.speculative and attempt == 0, read_at=read_at)
 
     async def _check_error(self, tr: Transaction, exc: Exception) -> None:
         """An error derived from speculative reads is only an answer if they were current."""
@@ -924,6 +927,7 @@ class EtcdEngine(KVEngine):
         self._last_commit = commit  # for tests
         for _ in range(COMMIT_ATTEMPTS_MAX):
             t0 = time.perf_counter()
+            sent_s = self.clock()
             outcome, value = await self._commits.submit(commit)
             self.stats["commit_wait_s"] += time.perf_counter() - t0
             if outcome == "ok":
@@ -936,6 +940,7 @@ class EtcdEngine(KVEngine):
                 exc = KVConflictError(StatusCode.KV_CONFLICT, f"KV conflict: a key read at version "
                                       f"{read_version} was written by a later commit")
                 exc.revision = value  # the version key when it failed: a read version taken after the send
+                exc.sent_s = sent_s  # (for the age of a transaction reading at it)
                 raise exc
             # "clear": a clear_range committed since our read version; check its ranges exactly.
             self.stats["clear_rounds"] += 1
@@ -1120,8 +1125,11 @@ class _EtcdTransaction(BufferedTransaction):
     `read_version` / add_read_conflict_* paths (rarely the first call of a transaction) fall back to a
     blocking request."""
 
-    def __init__(self, engine: EtcdEngine, speculative: bool = False, ask_early: bool = False):
+    def __init__(self, engine: EtcdEngine, speculative: bool = False, ask_early: bool = False,
+                 read_at: tuple[int, float] | None = None):
         super().__init__(clock=engine.clock, window_s=engine.window_s)
+        self._read_at = read_at  # (read version, clock time it was taken by): no read-version request
+        self.conflict_at: tuple[int, float] | None = None  # a failed commit's (version key seen, time sent)
         self._ask_early = ask_early or SPECULATIVE_EAGER_GRV
         self._engine = engine
         self._version_task: asyncio.Future | None = None
@@ -1148,6 +1156,17 @@ class _EtcdTransaction(BufferedTransaction):
             stats["txns"] += 1
             stats["speculative"] += 1
             stats["replica_wait_s"] += time.perf_counter() - t0
+            return
+        if self._read_at is not None:
+            version, taken_s = self._read_at
+            replica = await self._engine.replica_at(version)
+            stats["txns"] += 1
+            stats["conflict_rvs"] += 1
+            stats["replica_wait_s"] += time.perf_counter() - t0
+            if self._read_version is None:
+                self._read_version = version
+                self._read_time_s = taken_s
+                self._replica = replica
             return
         version = await self._engine.read_version()
         t1 = time.perf_counter()
@@ -1275,6 +1294,14 @@ class _EtcdTransaction(BufferedTransaction):
         return rows
 
     async def commit(self) -> int:
+        try:
+            return await self._commit()
+        except KVConflictError as exc:
+            if getattr(exc, "revision", 0):
+                self.conflict_at = (exc.revision, exc.sent_s)
+            raise
+
+    async def _commit(self) -> int:
         self._check_open()
         await self._take_read_version()
         if self._spec_version is None:
