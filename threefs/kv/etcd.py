@@ -6,8 +6,8 @@ and measured figures: docs/etcd.md.
 
 Layout under `prefix` (default "threefs"):
   prefix/d/K    user key K and its value
-  prefix/w/K    K's write marker: put (empty, with the current lease) by every commit that sets, clears or
-                write-conflicts K, so its mod_revision is the revision of the last such commit
+  prefix/w/K    K's write marker: put (empty, with the current lease) by every commit that clears K (even an
+                absent K) or write-conflicts it; a set needs none, its data key's mod_revision moves
   prefix/c/ID   the clear_range log: the ranges cleared by commit ID (msgpack), with the current lease
   prefix/cr     touched by every commit that has a clear_range
   prefix/t/ID   commit ID's exactly-once token (empty, with the current lease)
@@ -30,9 +30,10 @@ Layout under `prefix` (default "threefs"):
   concurrent point reads of one engine are coalesced into one read-only Txn.
 - Conflicts are etcd's own compares, evaluated atomically with the writes in one Txn, so commits that do not
   conflict run in parallel (nothing is serialised through one key):
-  * every read range [b, e) of the transaction becomes `mod_revision(w/b .. w/e) < rv + 1` (a point read a
-    one-key compare, a range read a range compare). Point writes and deletes always put the marker, so a
-    phantom insert, an update and a delete inside a read range all fail it;
+  * every read range [b, e) of the transaction becomes `mod_revision(d/b .. d/e) < rv + 1` and
+    `mod_revision(w/b .. w/e) < rv + 1` (a point read one-key compares, a range read range compares). A set
+    moves its data key's mod_revision, a point delete (or clear of nothing) and a write-conflict key put the
+    marker, so a phantom insert, an update and a delete inside a read range all fail it;
   * clear_range cannot be marked key by key (it conflicts even where no key existed), so it is logged in c/ and
     touches cr. A transaction with reads also compares `mod_revision(cr) < rv + 1`; when that alone fails, it
     reads the c/ entries newer than rv (min_mod_revision) and cr at one revision, raises KV_CONFLICT if one
@@ -381,7 +382,8 @@ class EtcdEngine(KVEngine):
                       "replica_stalls": 0, "replica_loads": 0, "watch_streams": 0, "watch_events": 0,
                       "conflicts": 0, "clear_rounds": 0, "txns": 0, "grv_waits": 0,
                       "speculative": 0, "spec_resends": 0, "spec_stale": 0, "stale_errors": 0,
-                      "watch_restarts": 0, "watch_leader_moves": 0, "replica_lag_reloads": 0, "spec_lagging": 0, "conflict_rvs": 0,
+                      "watch_restarts": 0, "watch_leader_moves": 0, "replica_lag_reloads": 0, "spec_lagging": 0,
+                      "conflict_rvs": 0,
                       "grv_wait_s": 0.0, "replica_wait_s": 0.0, "commit_wait_s": 0.0, "txn_call_s": 0.0}
         # THREEFS_KV_STATS_DIR: every STATS_DUMP_S, this engine writes its stats to etcd-<pid>-<id>.json there
         # (benchmarks read them from the meta and mgmtd processes: round trips and conflicts per operation).
