@@ -220,7 +220,8 @@ def cmd_kv(args) -> None:
 
 # -- creates -------------------------------------------------------------------------------------------
 STATS_KEYS = ("requests", "txns", "commits", "commit_batches", "conflicts", "clear_rounds", "grv", "reads",
-              "grv_wait_s", "replica_wait_s", "commit_wait_s", "txn_call_s")
+              "spec_resends", "spec_stale", "stale_errors", "conflict_rvs", "grv_wait_s", "replica_wait_s",
+              "commit_wait_s", "txn_call_s")
 
 
 def kv_stats(stats_dir: str) -> dict[str, float]:
@@ -264,7 +265,8 @@ def _counted_client(conf: str, k: int, files: int, tag: str, barrier, results) -
     with _connect(conf) as fs:
         d = f"/counted-{tag}/c{k}"
         fs.mkdir(d, parents=True, exist_ok=True)
-        barrier.wait(BARRIER_TIMEOUT_S)
+        barrier.wait(BARRIER_TIMEOUT_S)  # connected, directory made
+        barrier.wait(BARRIER_TIMEOUT_S)  # the counters and CPU times read: go
         start = time.perf_counter()
         for i in range(files):
             with fs.open(f"{d}/f{i}", "xb"):
@@ -295,13 +297,16 @@ def counted_creates(conf: str, clients: int, files: int, tag: str, stats_dir: st
         p.start()
     try:
         barrier.wait(BARRIER_TIMEOUT_S)  # every client connected and has its directory
+        time.sleep(STATS_SETTLE_S)
+        before = kv_stats(stats_dir)
+        cpu0 = {group: sum(_cpu_s(p) for p in members) for group, members in pids.items()}
+        # Only then do the clients start (they once started at the first barrier, and a fast pass was over
+        # before `before` was read: its counters and CPU then covered only part of the creates, or none).
+        barrier.wait(BARRIER_TIMEOUT_S)
     except BaseException:
         for p in procs:
             p.kill()
         raise
-    time.sleep(STATS_SETTLE_S)
-    before = kv_stats(stats_dir)
-    cpu0 = {group: sum(_cpu_s(p) for p in members) for group, members in pids.items()}
     spans = [results.get(timeout=600) for _ in procs]
     cpu1 = {group: sum(_cpu_s(p) for p in members) for group, members in pids.items()}
     for p in procs:

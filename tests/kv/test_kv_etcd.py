@@ -62,8 +62,11 @@ def test_markers_and_logs_expire_with_their_lease(tmp_path: Path):
                 await engine.run(lambda tr, i=i: _set(tr, b"k%d" % (i % 5), b"v%d" % i))
             tr = engine.transaction()
             tr.clear_range(b"k3", b"k4")
+            tr.clear(b"k7")  # absent: a clear of nothing still leaves its marker
+            tr.add_write_conflict_key(b"k8")
             await tr.commit()
-            assert await _count(engine, engine.marker_prefix) == 5
+            # Sets leave no marker (their data key's mod_revision serves); the clear and the write conflict do.
+            assert await _count(engine, engine.marker_prefix) == 2
             assert await _count(engine, engine.clear_log_prefix) == 1
             assert await _count(engine, engine.token_prefix) == 21
             deadline = time.monotonic() + 30
@@ -73,10 +76,18 @@ def test_markers_and_logs_expire_with_their_lease(tmp_path: Path):
             assert await _count(engine, engine.clear_log_prefix) == 0
             rows = await engine.transaction().get_range(b"", b"\xff")
             assert rows == [(b"k%d" % j, b"v%d" % (15 + j)) for j in (0, 1, 2, 4)]
-            reader = engine.transaction()  # a marker written after the expiry still conflicts
+            reader = engine.transaction()  # a write after the expiry still conflicts: a set, a clear of nothing
             await reader.get(b"k1")
             await engine.run(lambda tr: _set(tr, b"k1", b"new"))
             reader.set(b"out", b"1")
+            with pytest.raises(KVConflictError):
+                await reader.commit()
+            reader = engine.transaction()
+            assert await reader.get(b"k7") is None
+            tr = engine.transaction()
+            tr.clear(b"k7")
+            await tr.commit()
+            reader.set(b"out", b"2")
             with pytest.raises(KVConflictError):
                 await reader.commit()
         finally:

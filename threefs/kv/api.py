@@ -123,6 +123,10 @@ class KVEngine(abc.ABC):
         again with a new transaction, so `fn` must have no effects outside `tr` (or tolerate repeats). Any
         other error is raised at once; when `retries_max` retries or `timeout_s` are used up, the last error is
         raised. An attempt still running at the deadline is cancelled and raises TIMEOUT.
+
+        Engines adapt it through two hooks rather than a loop of their own: `_attempt_transaction(attempt,
+        previous)` makes each attempt's transaction, and `_check_error(tr, exc)` may turn an error raised by `fn` into a
+        retryable one (it runs inside the attempt's deadline).
         """
         if retries_max < 0 or timeout_s <= 0:
             raise ThreeFSError(StatusCode.INVALID_ARGUMENT, f"run(): retries_max={retries_max} must be >= 0 "
@@ -131,12 +135,18 @@ class KVEngine(abc.ABC):
         deadline = loop.time() + timeout_s
         backoff_s = RETRY_BACKOFF_S_MIN
         attempt = 0
+        previous: Transaction | None = None  # the previous attempt's (cancelled) transaction
         while True:  # bounded: each pass uses one of retries_max + 1 attempts
-            tr = self.transaction()
+            tr = self._attempt_transaction(attempt, previous)
             scope = asyncio.timeout_at(deadline)
             try:
                 async with scope:
-                    result = await fn(tr)
+                    try:
+                        result = await fn(tr)
+                    except Exception as exc:
+                        if not (isinstance(exc, ThreeFSError) and exc.code in RETRYABLE_CODES):
+                            await self._check_error(tr, exc)
+                        raise
                     await tr.commit()
                 return result
             except ThreeFSError as exc:
@@ -146,6 +156,9 @@ class KVEngine(abc.ABC):
                 delay_s = random.uniform(0, backoff_s)
                 if loop.time() + delay_s >= deadline:
                     raise
+                # Not the error: its traceback would keep the failed attempt's frames alive (seen: a SQLite
+                # statement's open read snapshot, which made the next BEGIN IMMEDIATE fail "database is locked").
+                previous = tr
             except TimeoutError:
                 tr.cancel()
                 if not scope.expired():  # fn's own timeout, not our deadline
@@ -158,6 +171,16 @@ class KVEngine(abc.ABC):
             await asyncio.sleep(delay_s)
             backoff_s = min(backoff_s * 2, RETRY_BACKOFF_S_MAX)
             attempt += 1
+
+    def _attempt_transaction(self, attempt: int, previous: Transaction | None) -> Transaction:
+        """run()'s hook: the transaction of attempt number `attempt` (0 first); `previous` is the previous
+        attempt's, which ended with KV_CONFLICT or KV_TOO_OLD (None for the first). Default: `transaction()`."""
+        return self.transaction()
+
+    async def _check_error(self, tr: Transaction, exc: Exception) -> None:
+        """run()'s hook, called when `fn` raised `exc` (neither KV_CONFLICT nor KV_TOO_OLD), before it is
+        raised: raise a retryable error instead if `exc` may not be the answer (it rests on stale reads).
+        Default: nothing, `exc` is raised."""
 
     @abc.abstractmethod
     async def close(self) -> None:

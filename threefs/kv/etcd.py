@@ -6,8 +6,8 @@ and measured figures: docs/etcd.md.
 
 Layout under `prefix` (default "threefs"):
   prefix/d/K    user key K and its value
-  prefix/w/K    K's write marker: put (empty, with the current lease) by every commit that sets, clears or
-                write-conflicts K, so its mod_revision is the revision of the last such commit
+  prefix/w/K    K's write marker: put (empty, with the current lease) by every commit that clears K (even an
+                absent K) or write-conflicts it; a set needs none, its data key's mod_revision moves
   prefix/c/ID   the clear_range log: the ranges cleared by commit ID (msgpack), with the current lease
   prefix/cr     touched by every commit that has a clear_range
   prefix/t/ID   commit ID's exactly-once token (empty, with the current lease)
@@ -30,9 +30,10 @@ Layout under `prefix` (default "threefs"):
   concurrent point reads of one engine are coalesced into one read-only Txn.
 - Conflicts are etcd's own compares, evaluated atomically with the writes in one Txn, so commits that do not
   conflict run in parallel (nothing is serialised through one key):
-  * every read range [b, e) of the transaction becomes `mod_revision(w/b .. w/e) < rv + 1` (a point read a
-    one-key compare, a range read a range compare). Point writes and deletes always put the marker, so a
-    phantom insert, an update and a delete inside a read range all fail it;
+  * every read range [b, e) of the transaction becomes `mod_revision(d/b .. d/e) < rv + 1` and
+    `mod_revision(w/b .. w/e) < rv + 1` (a point read one-key compares, a range read range compares). A set
+    moves its data key's mod_revision, a point delete (or clear of nothing) and a write-conflict key put the
+    marker, so a phantom insert, an update and a delete inside a read range all fail it;
   * clear_range cannot be marked key by key (it conflicts even where no key existed), so it is logged in c/ and
     touches cr. A transaction with reads also compares `mod_revision(cr) < rv + 1`; when that alone fails, it
     reads the c/ entries newer than rv (min_mod_revision) and cr at one revision, raises KV_CONFLICT if one
@@ -63,7 +64,6 @@ import heapq
 import json
 import logging
 import os
-import random
 import time
 import urllib.parse
 from bisect import bisect_left, insort
@@ -77,8 +77,7 @@ import msgspec
 
 from threefs.common.status import KVConflictError, StatusCode, ThreeFSError, status_error
 from threefs.kv import etcd_wire as wire
-from threefs.kv.api import (MVCC_WINDOW_S, RETRY_BACKOFF_S_MAX, RETRY_BACKOFF_S_MIN, RETRYABLE_CODES, KVEngine,
-                            Transaction)
+from threefs.kv.api import MVCC_WINDOW_S, KVEngine, Transaction
 from threefs.kv.txn import BufferedTransaction, Range, WriteBuffer, check_key, coalesce, find_overlap, key_after
 
 log = logging.getLogger(__name__)
@@ -383,7 +382,8 @@ class EtcdEngine(KVEngine):
                       "replica_stalls": 0, "replica_loads": 0, "watch_streams": 0, "watch_events": 0,
                       "conflicts": 0, "clear_rounds": 0, "txns": 0, "grv_waits": 0,
                       "speculative": 0, "spec_resends": 0, "spec_stale": 0, "stale_errors": 0,
-                      "watch_restarts": 0, "replica_lag_reloads": 0, "spec_lagging": 0,
+                      "watch_restarts": 0, "watch_leader_moves": 0, "replica_lag_reloads": 0, "spec_lagging": 0,
+                      "conflict_rvs": 0,
                       "grv_wait_s": 0.0, "replica_wait_s": 0.0, "commit_wait_s": 0.0, "txn_call_s": 0.0}
         # THREEFS_KV_STATS_DIR: every STATS_DUMP_S, this engine writes its stats to etcd-<pid>-<id>.json there
         # (benchmarks read them from the meta and mgmtd processes: round trips and conflicts per operation).
@@ -411,63 +411,34 @@ class EtcdEngine(KVEngine):
             raise status_error(StatusCode.KV_ERROR, f"etcd KV {self.endpoints} is closed")
         return _EtcdTransaction(self)
 
-    async def run(self, fn: Callable[[Transaction], Awaitable[T]], *, retries_max: int = 100,
-                  timeout_s: float = 10.0) -> T:
-        """KVEngine.run, with speculative transactions (see _EtcdTransaction): their reads come from the
-        replica at its progress without waiting for a read version, and are validated before anything
-        derived from them leaves: the commit checks them, a read-only commit and an error raised by `fn` wait
-        for a read version and check that nothing read changed up to it (else the attempt is retried, as on
-        a conflict)."""
-        if retries_max < 0 or timeout_s <= 0:
-            raise ThreeFSError(StatusCode.INVALID_ARGUMENT, f"run(): retries_max={retries_max} must be >= 0 "
-                               f"and timeout_s={timeout_s} > 0")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        backoff_s = RETRY_BACKOFF_S_MIN
-        attempt = 0
-        while True:  # bounded: each pass uses one of retries_max + 1 attempts
-            if self._closed:
-                raise status_error(StatusCode.KV_ERROR, f"etcd KV {self.endpoints} is closed")
-            # Only the first attempt speculates. A retry takes a read version first and reads at it (from the
-            # replica once its watch has reached it, else from etcd): a replica whose watch is stuck behind
-            # would otherwise make every speculative attempt read the same stale keys and fail validation
-            # until the deadline (seen: a meta server's transactions timing out after 19 attempts).
-            tr = _EtcdTransaction(self, speculative=self.speculative and attempt == 0)
-            scope = asyncio.timeout_at(deadline)
-            try:
-                async with scope:
-                    try:
-                        result = await fn(tr)
-                    except Exception as exc:
-                        if isinstance(exc, ThreeFSError) and exc.code in RETRYABLE_CODES:
-                            raise
-                        # An error derived from speculative reads is only an answer if they were current.
-                        if not await tr.validate():
-                            self.stats["stale_errors"] += 1
-                            raise KVConflictError(StatusCode.KV_CONFLICT, "KV conflict: the transaction's "
-                                                  "reads were stale when it failed") from exc
-                        raise
-                    await tr.commit()
-                return result
-            except ThreeFSError as exc:
-                tr.cancel()
-                if exc.code not in RETRYABLE_CODES or attempt >= retries_max:
-                    raise
-                delay_s = random.uniform(0, backoff_s)
-                if loop.time() + delay_s >= deadline:
-                    raise
-            except TimeoutError:
-                tr.cancel()
-                if not scope.expired():  # fn's own timeout, not our deadline
-                    raise
-                raise status_error(StatusCode.TIMEOUT, f"KV transaction did not finish within {timeout_s} s "
-                                   f"({attempt + 1} attempts)") from None
-            except BaseException:
-                tr.cancel()
-                raise
-            await asyncio.sleep(delay_s)
-            backoff_s = min(backoff_s * 2, RETRY_BACKOFF_S_MAX)
-            attempt += 1
+    # run() is KVEngine.run with speculative transactions (see _EtcdTransaction), through its two hooks: their
+    # reads come from the replica at its progress without waiting for a read version, and are validated before
+    # anything derived from them leaves: the commit checks them, a read-only commit and an error raised by `fn`
+    # wait for a read version and check that nothing read changed up to it (else the attempt is retried, as on
+    # a conflict).
+    def _attempt_transaction(self, attempt: int, previous: Transaction | None) -> Transaction:
+        """Only the first attempt speculates. A retry reads at a read version (from the replica once its watch
+        has reached it, else from etcd): a replica whose watch is stuck behind would otherwise make every
+        speculative attempt read the same stale keys and fail validation until the deadline (seen: a meta
+        server's transactions timing out after 19 attempts). After a commit conflict that read version is the
+        version key the failed Txn saw (`revision`): a revision read by etcd after run() began, so at or above
+        every commit acknowledged before it, which is all a read version must be; no read-version round trip."""
+        if self._closed:
+            raise status_error(StatusCode.KV_ERROR, f"etcd KV {self.endpoints} is closed")
+        # Only after a speculative attempt (its miss came from a copy behind, not from a writer now): a later
+        # retry comes after a backoff of up to 100 ms, and reading at the version of before it made a contended
+        # key conflict again and again (seen: 100 conflicts in a row in test_kv_etcd_replica_stall). It asks.
+        read_at = (previous.conflict_at if isinstance(previous, _EtcdTransaction) and previous.speculated
+                   else None)
+        return _EtcdTransaction(self, speculative=self.speculative and attempt == 0, read_at=read_at)
+
+    async def _check_error(self, tr: Transaction, exc: Exception) -> None:
+        """An error derived from speculative reads is only an answer if they were current."""
+        assert isinstance(tr, _EtcdTransaction)
+        if not await tr.validate():
+            self.stats["stale_errors"] += 1
+            raise KVConflictError(StatusCode.KV_CONFLICT, "KV conflict: the transaction's reads were stale "
+                                  "when it failed") from exc
 
     async def close(self) -> None:
         self._closed = True
@@ -772,6 +743,10 @@ class EtcdEngine(KVEngine):
                 if self._replica is not None:
                     self._replica.close()
                 self._replica = None
+                # Not the member's fault: the reloaded replica watches where requests go (moving on, as after a
+                # failure, once put the new stream back on a frozen member it had just left).
+                index = self._current
+                continue
             except (ThreeFSError, grpc.aio.AioRpcError, ConnectionError) as exc:
                 log.info("etcd KV %s: watch stream on %s ended: %s", self.endpoints, self.endpoints[index], exc)
             except Exception:  # a bug: the replica may be half-updated, so it is dropped (reads go to etcd)
@@ -821,6 +796,7 @@ class EtcdEngine(KVEngine):
             # _current to the new leader already, and a watch left on a cut-off member stays silent (no reset
             # crosses a cut link) while the engine's requests go elsewhere.
             if watch is not None and self.watch_index != index:
+                self.stats["watch_leader_moves"] += 1
                 watch.cancel()  # reopened on the leader, from its progress
         return index
 
@@ -957,6 +933,7 @@ class EtcdEngine(KVEngine):
         self._last_commit = commit  # for tests
         for _ in range(COMMIT_ATTEMPTS_MAX):
             t0 = time.perf_counter()
+            sent_s = self.clock()
             outcome, value = await self._commits.submit(commit)
             self.stats["commit_wait_s"] += time.perf_counter() - t0
             if outcome == "ok":
@@ -969,6 +946,7 @@ class EtcdEngine(KVEngine):
                 exc = KVConflictError(StatusCode.KV_CONFLICT, f"KV conflict: a key read at version "
                                       f"{read_version} was written by a later commit")
                 exc.revision = value  # the version key when it failed: a read version taken after the send
+                exc.sent_s = sent_s  # (for the age of a transaction reading at it)
                 raise exc
             # "clear": a clear_range committed since our read version; check its ranges exactly.
             self.stats["clear_rounds"] += 1
@@ -1078,8 +1056,13 @@ class EtcdEngine(KVEngine):
             assert commit.read_version is not None
             below = commit.read_version + 1
             for begin, end in commit.reads:
-                range_end = b"" if end == key_after(begin) else self.marker(end)
-                compares.append(wire.compare(self.marker(begin), wire.MOD, wire.LESS, below, range_end))
+                point = end == key_after(begin)
+                # A set moves the data key's own mod_revision; a delete, a clear of nothing and a write-conflict
+                # key leave none there (a deleted key compares as 0), so they put the marker instead.
+                compares.append(wire.compare(self.stored(begin), wire.MOD, wire.LESS, below,
+                                             b"" if point else self.stored(end)))
+                compares.append(wire.compare(self.marker(begin), wire.MOD, wire.LESS, below,
+                                             b"" if point else self.marker(end)))
             if commit.cr_expected is None:
                 compares.append(wire.compare(self.clear_counter, wire.MOD, wire.LESS, below))
             else:
@@ -1111,10 +1094,11 @@ class EtcdEngine(KVEngine):
             entry = _LOG_ENCODER.encode(writes.cleared)
             ops.append(wire.op_put(wire.put_request(self.clear_log_prefix + commit.ident, entry, lease)))
             ops.append(wire.op_put(wire.put_request(self.clear_counter, b"")))
-        marked = set(writes.ops)
+        marked: set[bytes] = set()
         for key, value in writes.ops.items():
             if value is None:
                 ops.append(wire.op_delete(wire.delete_request(self.stored(key))))
+                marked.add(key)
             else:
                 ops.append(wire.op_put(wire.put_request(self.stored(key), value)))
         marked.update(begin for begin, _ in writes.write_conflicts)
@@ -1147,8 +1131,11 @@ class _EtcdTransaction(BufferedTransaction):
     `read_version` / add_read_conflict_* paths (rarely the first call of a transaction) fall back to a
     blocking request."""
 
-    def __init__(self, engine: EtcdEngine, speculative: bool = False, ask_early: bool = False):
+    def __init__(self, engine: EtcdEngine, speculative: bool = False, ask_early: bool = False,
+                 read_at: tuple[int, float] | None = None):
         super().__init__(clock=engine.clock, window_s=engine.window_s)
+        self._read_at = read_at  # (read version, clock time it was taken by): no read-version request
+        self.conflict_at: tuple[int, float] | None = None  # a failed commit's (version key seen, time sent)
         self._ask_early = ask_early or SPECULATIVE_EAGER_GRV
         self._engine = engine
         self._version_task: asyncio.Future | None = None
@@ -1175,6 +1162,17 @@ class _EtcdTransaction(BufferedTransaction):
             stats["txns"] += 1
             stats["speculative"] += 1
             stats["replica_wait_s"] += time.perf_counter() - t0
+            return
+        if self._read_at is not None:
+            version, taken_s = self._read_at
+            replica = await self._engine.replica_at(version)
+            stats["txns"] += 1
+            stats["conflict_rvs"] += 1
+            stats["replica_wait_s"] += time.perf_counter() - t0
+            if self._read_version is None:
+                self._read_version = version
+                self._read_time_s = taken_s
+                self._replica = replica
             return
         version = await self._engine.read_version()
         t1 = time.perf_counter()
@@ -1212,6 +1210,11 @@ class _EtcdTransaction(BufferedTransaction):
         if SPECULATIVE_EAGER_GRV:
             self._ask_read_version()
         return True
+
+    @property
+    def speculated(self) -> bool:
+        """Whether this transaction read at a speculative version (the replica's progress)."""
+        return self._spec_version is not None
 
     def _ask_read_version(self) -> None:
         """Ask for the read version validation may need, now (once)."""
@@ -1302,6 +1305,14 @@ class _EtcdTransaction(BufferedTransaction):
         return rows
 
     async def commit(self) -> int:
+        try:
+            return await self._commit()
+        except KVConflictError as exc:
+            if getattr(exc, "revision", 0):
+                self.conflict_at = (exc.revision, exc.sent_s)
+            raise
+
+    async def _commit(self) -> int:
         self._check_open()
         await self._take_read_version()
         if self._spec_version is None:
