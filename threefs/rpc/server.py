@@ -23,8 +23,8 @@ import msgspec
 from threefs.common import limits
 from threefs.common.buffers import BufferPool, Lease
 from threefs.common.status import StatusCode, ThreeFSError, status_error
-from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RESPONSE, KIND_RTS, FrameError,
-                               Header, body_encoder)
+from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RESPONSE, KIND_RTS, FilePayload,
+                               FrameError, Header, body_encoder)
 from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
 from threefs.rpc.transport import FramedProtocol
 
@@ -250,7 +250,8 @@ class ServerConnection(FramedProtocol):
             rsp, out = result if isinstance(result, tuple) else (result, None)
             body = msgspec.Raw(body_encoder.encode(rsp))
             out_view = out.view if isinstance(out, Lease) else out
-            bytes_out = 0 if out_view is None else memoryview(out_view).nbytes
+            bytes_out = (0 if out_view is None else len(out_view) if isinstance(out_view, FilePayload)
+                         else memoryview(out_view).nbytes)
             try:
                 await self._send_quiet(Header(KIND_RESPONSE, header.rid, body=body), out_view)
             finally:

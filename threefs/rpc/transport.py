@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from threefs.rpc.frame import FrameError, FrameReader, Header, encode_frame_head
+from threefs.rpc.frame import FilePayload, FrameError, FrameReader, Header, encode_frame_head
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
             await fut
         if self.is_closing():
             raise ConnectionResetError(f"connection to {self.peer} is closed")
+        if plen and type(payload) is FilePayload:  # zero-copy: the payload sends itself (rpc/frame.py)
+            return await payload.send(self, head)
         if plen:
             self.transport.writelines((head, payload))
         else:

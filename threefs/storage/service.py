@@ -21,7 +21,7 @@ import numpy as np
 
 from threefs.cluster.mgmtd_client import MgmtdClient
 from threefs.cluster.routing import Routing
-from threefs.common.buffers import IO_BUFFER_ALIGN, align_up
+from threefs.common.buffers import IO_BUFFER_ALIGN, Lease, align_up
 from threefs.common.config import ServiceConfig
 from threefs.common.health import Problems
 from threefs.common.locks import KeyedLocks
@@ -29,6 +29,7 @@ from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.cluster.heartbeat import heartbeat_loop
 from threefs.storage.fence import HeartbeatFence, heartbeat_every_mgmtd, sync_reports
 from threefs.rpc.client import RpcClient
+from threefs.rpc.frame import FilePayload
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas import storage as ss
 from threefs.rpc.schemas.common import Empty
@@ -46,6 +47,25 @@ RTS_TIMEOUT_S = 5.0  # request-to-send: send anyway when no grant comes (3FS doe
 # remembered as checked (see VerifiedChunks).
 VERIFY_WHOLE_BYTES_MAX = 8 << 20
 VERIFIED_ENTRIES_MAX = 65536
+# A read_packed of one IO covering a whole committed chunk of at least this size is sent straight from the
+# data file (os.sendfile) when the client asks for zero_copy; smaller ones are cheaper copied.
+ZERO_COPY_BYTES_MIN = 128 * 1024
+
+
+class FileLease(Lease):
+    """A response payload of a file's bytes (rpc/frame.FilePayload) with what to do once it is sent: the RPC
+    server releases a Lease after the send (here: end the chunk engine's read epoch)."""
+
+    __slots__ = ("_done",)
+
+    def __init__(self, payload: FilePayload, done):
+        self.view = payload
+        self._done = done
+
+    def release(self) -> None:
+        done, self._done = self._done, None
+        if done is not None:
+            done()
 
 
 class VerifiedChunks:
@@ -380,6 +400,16 @@ class StorageService:
             if tid in self.engines and (target is None or target.public_state != ms.SERVING or target.admin_offline):
                 routing = await self.mgmtd.refresh()  # maybe we are behind; then judge again
                 break
+        if req.zero_copy and n == 1 and not req.allow_uncommitted:
+            sent = self._zero_copy(arr, routing, ctx)
+            if sent is not None:
+                if req.request_to_send:
+                    try:
+                        await ctx.request_to_send(ctx.rid, RTS_TIMEOUT_S)
+                    except BaseException:
+                        sent[1].release()
+                        raise
+                return sent
         lease = ctx.conn.server.pool.acquire(int(ends[-1]) if n else 0)
         results = bytearray(n * ss.READ_RESULT_BYTES)
         messages: dict[int, str] = {}
@@ -405,6 +435,53 @@ class StorageService:
             if int(res["status"][k]) == StatusCode.CHECKSUM_MISMATCH and self.scrubber is not None:
                 self._background(self.scrubber.report(int(arr["target"][k]), bytes(arr["chunk"][k]), "read"))
         return ss.PackedReadRsp(bytes(results), messages), lease
+
+    def _zero_copy(self, arr, routing: Routing, ctx: CallContext):
+        """(response, FileLease) sending one IO that covers a whole committed chunk of a v2 engine straight
+        from its data file (os.sendfile: no read into a buffer, no send copy), or None when this IO takes the
+        ordinary path (not a whole committed chunk, a small one, a target that refuses, another engine).
+
+        The bytes are not checked against the chunk's write-time checksum here: the result's data_crc is that
+        checksum, and the client checks what arrives against it (or verifies the bytes end to end itself),
+        and reports a damaged copy back (report_damage). The chunk's blocks stay owned by this read until the
+        send is over (FileLease.release ends the engine's read epoch)."""
+        tid, ln, off = int(arr["target"][0]), int(arr["length"][0]), int(arr["offset"][0])
+        engine = self.engines.get(tid)
+        if off or ln < ZERO_COPY_BYTES_MIN or engine is None or not hasattr(engine, "read_locations"):
+            return None
+        target = routing.info.targets.get(tid)
+        try:
+            craq.read_check(tid, target.public_state if target else None, None, False,
+                            target is not None and target.admin_offline)
+        except ThreeFSError:
+            return None  # the ordinary path answers with the reason
+        locs, epoch = engine.read_locations([bytes(arr["chunk"][0])])
+        loc = locs[0]
+        if not loc or ln < loc[2]:
+            engine.end_reads(epoch)
+            return None
+        fd, base, size, ver, crc = loc
+        results = _RESULT.pack(0, size, ver, crc, crc)
+        payload = FilePayload(fd, base, size, max(1.0, ctx.remaining()))
+        return ss.PackedReadRsp(results, {}), FileLease(payload, lambda: engine.end_reads(epoch))
+
+    @rpc(ss.ReportDamageReq)
+    async def report_damage(self, ctx: CallContext, req: ss.ReportDamageReq) -> ss.ReportDamageRsp:
+        """A client found a chunk of a zero-copy read damaged on arrival: check our copy, repair it if bad
+        (bytes damaged on the way are not the copy's fault: then nothing happens)."""
+        engine = self.engines.get(req.target_id)
+        if engine is None:
+            raise status_error(StatusCode.TARGET_NOT_FOUND, f"target {req.target_id} is not on node "
+                               f"{self.config.node_id}")
+        try:
+            good = await self.disk(engine.verify, req.chunk_id)
+        except ThreeFSError as e:
+            if e.code != StatusCode.CHUNK_NOT_FOUND:
+                raise
+            return ss.ReportDamageRsp(False)  # removed meanwhile
+        if not good and self.scrubber is not None:
+            self._background(self.scrubber.report(req.target_id, req.chunk_id, "read"))
+        return ss.ReportDamageRsp(not good)
 
     def _serve_packed(self, arr, tids: list, ends, routing: Routing, allow_uncommitted: bool, out: memoryview,
                       results: bytearray, messages: dict, nowait: bool) -> list:
