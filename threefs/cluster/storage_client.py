@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import logging
 from dataclasses import dataclass, field
 
@@ -111,7 +112,9 @@ class StorageClient:
         self._replicas_cache: dict[int, list | ThreeFSError] = {}
         self._replicas_version = -1
         self._tasks: set[asyncio.Task] = set()  # damage reports in flight
-        self.zero_copy = True  # let servers send whole chunks from their data files (see PackedReadReq)
+        # let servers send whole chunks from their data files (see PackedReadReq); THREEFS_ZERO_COPY=0 turns
+        # it off (to compare, e.g. benchmarks/checkpoint.py run both ways)
+        self.zero_copy = os.environ.get("THREEFS_ZERO_COPY", "1") != "0"
 
     def _sem(self, addr: str) -> asyncio.Semaphore:
         sem = self._sems.get(addr)
@@ -411,8 +414,8 @@ class StorageClient:
         the batch's destinations (`single`: the payload was received into the one IO's destination).
         Plain CPU work: also used by the caller-thread read path (client/storage_sync.py).
 
-        A zero_copy request's bytes are checked whatever batch.check_arrival says: the server may have sent
-        the whole chunk without checking it (the check of its write-time crc happens here instead)."""
+        A zero_copy request's whole chunk may come unchecked by the server: its write-time crc is checked here
+        on arrival, unless batch.check_arrival is off (then the caller's own checksum is the only check)."""
         res = np.frombuffer(rsp.results, RESULT_DTYPE) if len(rsp.results) % RESULT_DTYPE.itemsize == 0 else None
         if res is None or len(res) != len(idx) or (res["length"] > lengths).any():
             fail_ios(batch, idx, status_error(StatusCode.PROTOCOL_ERROR, f"{addr}: malformed read_packed "
@@ -425,8 +428,9 @@ class StorageClient:
         starts = (ends - _aligned(lengths)).tolist()
         dests, dest_of, dest_off = batch.dests, batch.dest_of, batch.dest_off
         errors = batch.errors
-        # a packed IO is copied out of the payload: checked there; a zero-copy chunk is checked only here
-        check = batch.check_arrival or not single or zero_copy
+        # a packed IO is copied out of the payload: checked there. A zero-copy chunk is checked only here (the
+        # server did not), or, with check_arrival=False, by the caller's own end-to-end checksum only
+        check = batch.check_arrival or not single
         # the per-IO part: check what arrived, place it (~1-2 us per IO)
         for pos, (k, s, g, want, crc, st) in enumerate(zip(idx.tolist(), starts, got.tolist(), lengths.tolist(),
                                                        res["data_crc"].tolist(), status.tolist())):
