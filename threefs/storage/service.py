@@ -17,7 +17,6 @@ import struct
 from concurrent.futures import ThreadPoolExecutor
 
 import crc32c
-import numpy as np
 
 from threefs.cluster.mgmtd_client import MgmtdClient
 from threefs.cluster.routing import Routing
@@ -117,42 +116,36 @@ _IO = struct.Struct(ss.READ_IO_FORMAT)
 _RESULT_BYTES = ss.READ_RESULT_BYTES
 
 
-# A packed IO record (READ_IO_FORMAT) and result record (READ_RESULT_FORMAT) as numpy dtypes
-_IO_DTYPE = np.dtype([("chain", "<u4"), ("target", "<u4"), ("chunk", "V16"), ("offset", "<u8"), ("length", "<u4")])
-_RESULT_DTYPE = np.dtype([("status", "<u4"), ("length", "<u4"), ("commit_ver", "<u8"), ("chunk_crc", "<u4"),
-                          ("data_crc", "<u4")])
-assert _IO_DTYPE.itemsize == ss.READ_IO_BYTES and _RESULT_DTYPE.itemsize == ss.READ_RESULT_BYTES
+_ALIGN = IO_BUFFER_ALIGN
 
 
-def _aligned(lengths):
-    """align_up of a numpy array of lengths (int64)."""
-    return (lengths.astype(np.int64) + (IO_BUFFER_ALIGN - 1)) // IO_BUFFER_ALIGN * IO_BUFFER_ALIGN
-
-
-def unpack_read_array(packed: bytes):
-    """The IO records of a PackedReadReq as one numpy array (fields chain, target, chunk, offset, length)."""
+def unpack_read_ios(packed: bytes) -> list[tuple[int, int, bytes, int, int]]:
+    """(chain_id, target_id, chunk_id, offset, length) per IO record of a PackedReadReq."""
     if len(packed) % ss.READ_IO_BYTES:
         raise status_error(StatusCode.INVALID_ARGUMENT, f"packed read of {len(packed)} bytes is not a whole "
                            f"number of {ss.READ_IO_BYTES}-byte IO records")
-    return np.frombuffer(packed, _IO_DTYPE)
+    return list(_IO.iter_unpack(packed))
 
 
-def check_packed_array(arr):
-    """check_read_ios for packed IOs; returns each IO's slot end in the payload (see PackedReadRsp), int64."""
+def check_packed_ios(ios: list) -> list[int]:
+    """check_read_ios for packed IOs; returns each IO's slot end in the payload (see PackedReadRsp).
+
+    Plain Python, not numpy: a batch is at most a few hundred IOs, and on this machine each small numpy call
+    cost 15-70 us under load (a request's dozen of them were the biggest fixed cost of a batch)."""
     from threefs.common import limits
 
-    if not len(arr):
-        return np.zeros(0, dtype=np.int64)
-    bad = np.flatnonzero((arr["length"] > limits.CHUNK_SIZE_BYTES_MAX) | (arr["offset"] > limits.CHUNK_SIZE_BYTES_MAX))
-    if len(bad):
-        k = int(bad[0])
-        raise status_error(StatusCode.INVALID_ARGUMENT, f"read of chunk {bytes(arr['chunk'][k]).hex()}: offset "
-                           f"{int(arr['offset'][k])} / length {int(arr['length'][k])} out of range (length <= "
-                           f"{limits.CHUNK_SIZE_BYTES_MAX})")
-    ends = np.cumsum(_aligned(arr["length"]))
-    total = int(ends[-1])
+    ends, total = [], 0
+    top = limits.CHUNK_SIZE_BYTES_MAX
+    append = ends.append
+    for _, _, chunk_id, offset, length in ios:
+        if length > top or offset > top:
+            raise status_error(StatusCode.INVALID_ARGUMENT, f"read of chunk {chunk_id.hex()}: offset "
+                               f"{offset} / length {length} out of range (length <= "
+                               f"{limits.CHUNK_SIZE_BYTES_MAX})")
+        total += (length + _ALIGN - 1) // _ALIGN * _ALIGN
+        append(total)
     if total > limits.FRAME_PAYLOAD_BYTES_MAX:
-        raise status_error(StatusCode.INVALID_ARGUMENT, f"batch read of {len(arr)} IOs asks for {total} "
+        raise status_error(StatusCode.INVALID_ARGUMENT, f"batch read of {len(ios)} IOs asks for {total} "
                            f"bytes, over the {limits.FRAME_PAYLOAD_BYTES_MAX} one response carries; split it")
     return ends
 
@@ -387,14 +380,14 @@ class StorageService:
     async def read_packed(self, ctx: CallContext, req: ss.PackedReadReq):
         """storage.read_packed: a batch of IOs as packed records (see PackedReadReq), served in one pass:
         page-cache hits inline, the misses in one hop to the disk threads. No Python object per IO on the
-        common path (committed chunks of a v2 engine, see _serve_fast): the records are one numpy array,
-        chunk locations are looked up per target under one engine lock, the results packed in bulk."""
+        common path (committed chunks of a v2 engine, see _serve_fast): the chunk locations of a target's IOs
+        are looked up under one engine lock, each result packed in place."""
         self.fence.check()
-        arr = unpack_read_array(req.ios)
-        ends = check_packed_array(arr)
+        arr = unpack_read_ios(req.ios)
+        ends = check_packed_ios(arr)
         n = len(arr)
         routing = await self.mgmtd.get()
-        tids = np.unique(arr["target"]).tolist() if n else []
+        tids = list({io[1] for io in arr})
         for tid in tids:
             target = routing.info.targets.get(tid)
             if tid in self.engines and (target is None or target.public_state != ms.SERVING or target.admin_offline):
@@ -410,7 +403,7 @@ class StorageService:
                         sent[1].release()
                         raise
                 return sent
-        lease = ctx.conn.server.pool.acquire(int(ends[-1]) if n else 0)
+        lease = ctx.conn.server.pool.acquire(ends[-1] if n else 0)
         results = bytearray(n * ss.READ_RESULT_BYTES)
         messages: dict[int, str] = {}
         try:
@@ -422,18 +415,19 @@ class StorageService:
         except BaseException:
             lease.release()
             raise
-        res = np.frombuffer(results, _RESULT_DTYPE)
-        sent = np.flatnonzero(res["length"]) if n else ()
         used = 0
-        if len(sent):  # trim the payload after the last byte sent
-            k = int(sent[-1])
-            used = int(ends[k]) - align_up(int(arr["length"][k])) + int(res["length"][k])
+        for k in range(n - 1, -1, -1):  # trim the payload after the last byte sent
+            length = _RESULT.unpack_from(results, k * _RESULT_BYTES)[1]
+            if length:
+                used = ends[k] - align_up(arr[k][4]) + length
+                break
         lease.view = lease.view[:used]
         if req.request_to_send and used:  # receiver-paced: wait for the client's grant (or time out)
             await ctx.request_to_send(ctx.rid, RTS_TIMEOUT_S)
         for k in messages:
-            if int(res["status"][k]) == StatusCode.CHECKSUM_MISMATCH and self.scrubber is not None:
-                self._background(self.scrubber.report(int(arr["target"][k]), bytes(arr["chunk"][k]), "read"))
+            if _RESULT.unpack_from(results, k * _RESULT_BYTES)[0] == StatusCode.CHECKSUM_MISMATCH:
+                if self.scrubber is not None:
+                    self._background(self.scrubber.report(arr[k][1], arr[k][2], "read"))
         return ss.PackedReadRsp(bytes(results), messages), lease
 
     def _zero_copy(self, arr, routing: Routing, ctx: CallContext):
@@ -445,7 +439,7 @@ class StorageService:
         checksum, and the client checks what arrives against it (or verifies the bytes end to end itself),
         and reports a damaged copy back (report_damage). The chunk's blocks stay owned by this read until the
         send is over (FileLease.release ends the engine's read epoch)."""
-        tid, ln, off = int(arr["target"][0]), int(arr["length"][0]), int(arr["offset"][0])
+        _, tid, cid, off, ln = arr[0]
         engine = self.engines.get(tid)
         if off or ln < ZERO_COPY_BYTES_MIN or engine is None or not hasattr(engine, "read_locations"):
             return None
@@ -455,7 +449,7 @@ class StorageService:
                             target is not None and target.admin_offline)
         except ThreeFSError:
             return None  # the ordinary path answers with the reason
-        locs, epoch = engine.read_locations([bytes(arr["chunk"][0])])
+        locs, epoch = engine.read_locations([cid])
         loc = locs[0]
         if not loc or ln < loc[2]:
             engine.end_reads(epoch)
@@ -489,25 +483,31 @@ class StorageService:
         them. Returns [(target id, IO indices)] that would wait for the disk (nowait)."""
         blocked = []
         targets, node = routing.info.targets, self.config.node_id
-        res = np.frombuffer(results, _RESULT_DTYPE)
-        col = arr["target"]
-        for tid in tids:
-            ks = np.flatnonzero(col == tid) if len(tids) > 1 else np.arange(len(arr))
+        if len(tids) == 1:
+            groups = {tids[0]: list(range(len(arr)))}
+        else:
+            groups = {}
+            for k, io in enumerate(arr):
+                groups.setdefault(io[1], []).append(k)
+        pack = _RESULT.pack_into
+        for tid, ks in groups.items():
             engine = self.engines.get(tid)
             if engine is None:
-                res["status"][ks] = int(StatusCode.TARGET_NOT_FOUND)
-                messages.update(dict.fromkeys(ks.tolist(), f"target {tid} is not on node {node}"))
+                for k in ks:
+                    pack(results, k * _RESULT_BYTES, int(StatusCode.TARGET_NOT_FOUND), 0, 0, 0, 0)
+                messages.update(dict.fromkeys(ks, f"target {tid} is not on node {node}"))
                 continue
             target = targets.get(tid)
             try:
                 craq.read_check(tid, target.public_state if target else None, None, allow_uncommitted,
                                 target is not None and target.admin_offline)
             except ThreeFSError as e:
-                res["status"][ks] = int(e.code)
-                messages.update(dict.fromkeys(ks.tolist(), e.message))
+                for k in ks:
+                    pack(results, k * _RESULT_BYTES, int(e.code), 0, 0, 0, 0)
+                messages.update(dict.fromkeys(ks, e.message))
                 continue
             if allow_uncommitted or not hasattr(engine, "read_locations"):
-                left = self._read_packed(arr, ks.tolist(), ends, routing, allow_uncommitted, out, results,
+                left = self._read_packed(arr, ks, ends, routing, allow_uncommitted, out, results,
                                          messages, nowait)
             else:
                 left = self._serve_fast(engine, tid, arr, ks, ends, out, results, messages, nowait)
@@ -523,8 +523,7 @@ class StorageService:
             if allow_uncommitted or not hasattr(engine, "read_locations"):
                 self._read_packed(arr, ks, ends, routing, allow_uncommitted, out, results, messages, False)
             else:
-                self._serve_fast(engine, tid, arr, np.asarray(ks, dtype=np.int64), ends, out, results, messages,
-                                 False)
+                self._serve_fast(engine, tid, arr, ks, ends, out, results, messages, False)
 
     def _serve_fast(self, engine, tid: int, arr, ks, ends, out: memoryview, results: bytearray, messages: dict,
                     nowait: bool) -> list[int]:
@@ -534,18 +533,15 @@ class StorageService:
         a pending version, an overlay, a short read, a partial read of a chunk version not yet checked here)
         go through _read_committed one by one. Same answers as _read_committed; returns the IOs that would
         wait for the disk (nowait)."""
-        cids = arr["chunk"][ks].tolist()
-        offs = arr["offset"][ks].tolist()
-        lens = arr["length"][ks].tolist()
-        kl = ks.tolist()
-        starts = (ends[ks] - _aligned(arr["length"][ks])).tolist()
-        locs, epoch = engine.read_locations(cids)
+        ios = [arr[k] for k in ks]
+        locs, epoch = engine.read_locations([io[2] for io in ios])
         flags = os.RWF_NOWAIT if nowait else 0
         preadv, crc, pack = os.preadv, crc32c.crc32c, _RESULT.pack_into
         seen = self.verified.seen  # (VerifiedChunks.__contains__ without the call)
         slow, blocked, zero = [], [], []
         try:
-            for k, cid, off, ln, s, loc in zip(kl, cids, offs, lens, starts, locs):
+            for k, (_, _, cid, off, ln), loc in zip(ks, ios, locs):
+                s = ends[k] - (ln + _ALIGN - 1) // _ALIGN * _ALIGN
                 if not loc:
                     if loc is None:  # never written, or removed: a hole (the client fills zeros)
                         zero.append((s, ln))
@@ -603,10 +599,7 @@ class StorageService:
         pack = _RESULT.pack_into
         refused: dict[int, ThreeFSError | None] = {}  # per target: why it serves no reads, or None
         for k in which:
-            rec = arr[k]
-            io = chain_id, target_id, chunk_id, offset, length = (int(rec["chain"]), int(rec["target"]),
-                                                                  bytes(rec["chunk"]), int(rec["offset"]),
-                                                                  int(rec["length"]))
+            chain_id, target_id, chunk_id, offset, length = io = arr[k]
             at = k * ss.READ_RESULT_BYTES
             engine = engines.get(target_id)
             if engine is None:
@@ -628,7 +621,7 @@ class StorageService:
                 pack(results, at, int(why.code), 0, 0, 0, 0)
                 messages[k] = why.message
                 continue
-            start = int(ends[k]) - align_up(length)
+            start = ends[k] - align_up(length)
             dest = out[start:start + length]
             try:
                 if allow_uncommitted:
