@@ -175,6 +175,7 @@ class StorageService:
         self.resync = None  # set by the runner (storage.resync.Resyncer)
         self.scrubber = None  # set by the runner (storage.scrub.Scrubber)
         self.verified = VerifiedChunks()  # chunk versions read whole and checked (partial reads)
+        self._probe = memoryview(bytearray(1))  # page-cache probes of zero-copy reads (see _zero_copy)
         self._tasks: set[asyncio.Task] = set()
 
     def open_targets(self) -> None:
@@ -455,6 +456,18 @@ class StorageService:
             engine.end_reads(epoch)
             return None
         fd, base, size, ver, crc = loc
+        # Only chunks in the page cache (probed at both ends and the middle, RWF_NOWAIT): a cold chunk read by
+        # sendfile comes off the disk in 64 KiB splices behind the socket, which made cold checkpoint loads
+        # slower (0.52-0.54x against 0.64-0.66x safetensors in alternating runs); the ordinary path reads it
+        # whole in a disk thread first.
+        probe = self._probe
+        try:
+            for at in (base, base + size // 2, base + size - 1):
+                if os.preadv(fd, (probe,), at, os.RWF_NOWAIT) != 1:
+                    raise BlockingIOError
+        except OSError:  # BlockingIOError: not cached; EOPNOTSUPP: no RWF_NOWAIT here
+            engine.end_reads(epoch)
+            return None
         results = _RESULT.pack(0, size, ver, crc, crc)
         payload = FilePayload(fd, base, size, max(1.0, ctx.remaining()))
         return ss.PackedReadRsp(results, {}), FileLease(payload, lambda: engine.end_reads(epoch))
