@@ -90,6 +90,10 @@ def test_damaged_chunk_is_caught_on_arrival_and_repaired(private_cluster, rng):
         assert len(replicas) == 3
         for where in replicas[:2]:  # damage on disk in all replicas but one
             _flip(where, 777)
+        for path, base in replicas:  # in the page cache (zero copy serves cached chunks only)
+            with open(path, "rb") as f:
+                f.seek(base)
+                f.read(CS)
         storage = fs.aio.storage
         # check_arrival=False: the caller checks the bytes itself; a damaged chunk may come back as stored
         bad = 0
