@@ -85,16 +85,31 @@ def random_offsets(total: int, size: int, count: int, seed: int = 7) -> list[int
     return [rng.randrange(0, total // size) * size for _ in range(count)]
 
 
+STORAGE_PIDS: list[int] = []  # the cluster's storage processes (CPU per IO of the random batch reads)
+CPU_NOTES: list[str] = []
+
+
+def process_cpu_s(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def batch_random(fs: Client, path: str, total: int, size: int) -> float:
     attr = fs.stat(path)
     arena = memoryview(bytearray(RANDOM_IOS * size))
     offs = random_offsets(total, size, RANDOM_IOS)
     items = [(attr, o, arena[i * size:(i + 1) * size]) for i, o in enumerate(offs)]
+    storage0, client0 = sum(map(process_cpu_s, STORAGE_PIDS)), time.process_time()
     runs, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < RANDOM_SECONDS:
         fs.batch_read(items)
         runs += 1
-    return runs * RANDOM_IOS / (time.perf_counter() - t0)
+    ios = runs * RANDOM_IOS
+    storage, client = sum(map(process_cpu_s, STORAGE_PIDS)) - storage0, time.process_time() - client0
+    CPU_NOTES.append(f"batch_read random {size // 1024} KiB ({RANDOM_IOS} per batch), CPU per IO: storage "
+                     f"{storage / ios * 1e6:.2f} us (all {len(STORAGE_PIDS)} services; each IO is served by one), "
+                     f"client {client / ios * 1e6:.2f} us; storage {storage / (ios * size / 1e9):.2f} CPU-s per GB")
+    return ios / (time.perf_counter() - t0)
 
 
 def threads_random(fs: Client, path: str, total: int, size: int, threads: int, per_batch: int) -> float:
@@ -272,6 +287,8 @@ def report(rows, ceiling_before: float, ceiling_after: float, total: int, args) 
             print(f"goal: FUSE fio qd32 direct {size} / batch_read = {fuse / mine:.2f} (>= 0.5)")
         print(f"file object read / batch read = {value['file object readinto(1 MiB)'] / batch:.2f}")
         print(f"goal: batch read / reference server = {batch / value['reference server (1 MiB IOs)']:.2f} (>= 0.9)")
+    for note in CPU_NOTES:
+        print(note)
     for size in ("4 KiB", "64 KiB"):
         mine, ref = value.get(f"batch_read ({RANDOM_IOS} per batch)@{size}"), value.get(f"reference server@{size}")
         if mine and ref:
@@ -291,6 +308,7 @@ def main() -> None:
     total = max(BATCH_BYTES, args.mib * MiB) // BATCH_BYTES * BATCH_BYTES
     with tempfile.TemporaryDirectory(prefix="threefs-client-io-", dir=os.environ.get("TMPDIR")) as tmp:
         with local_cluster(tmp, args.storage, args.replicas, fuse=not args.no_fuse) as (cluster, mnt):
+            STORAGE_PIDS[:] = [pid for name, pid in cluster.running().items() if name.startswith("storage")]
             with Client.connect(str(cluster.client_config_path)) as fs:
                 before = loopback_gbps(total)
                 rows = run(fs, mnt, tmp, total)

@@ -428,7 +428,8 @@ class Client:
         check_arrival=False skips the per-IO crc32c of the bytes against the one storage computed as
         it read them (damage between storage and this process), for callers that check their own
         end-to-end checksum of the bytes afterwards and read again with the check on if it fails (the
-        checkpoint loader). Storage's own check of whole chunks against their write-time crc stays.
+        checkpoint loader). Whole chunks that storage sends zero-copy (unchecked there; see
+        docs/storage.md, Reads) are checked on arrival all the same.
         """
         items = list(items)
         batch.check_batch_size(len(items))

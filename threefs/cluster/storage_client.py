@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import logging
 from dataclasses import dataclass, field
 
@@ -110,6 +111,10 @@ class StorageClient:
         self.damaged_reads = 0  # IOs whose bytes failed their checksum on arrival (then read elsewhere)
         self._replicas_cache: dict[int, list | ThreeFSError] = {}
         self._replicas_version = -1
+        self._tasks: set[asyncio.Task] = set()  # damage reports in flight
+        # let servers send whole chunks from their data files (see PackedReadReq); THREEFS_ZERO_COPY=0 turns
+        # it off (to compare, e.g. benchmarks/checkpoint.py run both ways)
+        self.zero_copy = os.environ.get("THREEFS_ZERO_COPY", "1") != "0"
 
     def _sem(self, addr: str) -> asyncio.Semaphore:
         sem = self._sems.get(addr)
@@ -358,7 +363,10 @@ class StorageClient:
         ios = batch.ios[idx]
         lengths = ios["length"].astype(np.int64)
         ends = np.cumsum(_aligned(lengths))
-        req = ss.PackedReadReq(ios.tobytes(), allow_uncommitted, self.rpc.senders is not None)
+        # One big IO may be sent by the server straight from its data file (zero_copy): the bytes of a whole
+        # chunk are then checked here on arrival (or by the caller, check_arrival=False) instead of there.
+        zero_copy = self.zero_copy and len(idx) == 1 and int(lengths[0]) >= SOLO_IO_BYTES_MIN
+        req = ss.PackedReadReq(ios.tobytes(), allow_uncommitted, self.rpc.senders is not None, zero_copy)
         # One IO: receive straight into the caller's memory. Several: into one buffer, then scatter.
         lease = None
         if len(idx) == 1:
@@ -366,26 +374,48 @@ class StorageClient:
         else:
             lease = self.pool.acquire(int(ends[-1]))
             recv = lease.view
+        damaged = self.damaged_reads
         try:
-            await self._read_request(addr, req, batch, idx, lengths, ends, recv, lease is None)
+            await self._read_request(addr, req, batch, idx, lengths, ends, recv, lease is None, zero_copy)
         finally:
             if lease is not None:
                 lease.release()
+        k = int(idx[0])
+        if zero_copy and self.damaged_reads != damaged and k in batch.errors:  # the server did not check it
+            self._background(self._report_damage(addr, int(batch.ios["target"][k]),
+                                                 batch.ios["chunk"][k:k + 1].tobytes()))
 
-    async def _read_request(self, addr, req, batch, idx, lengths, ends, recv, single) -> None:
+    async def _report_damage(self, addr: str, target_id: int, chunk_id: bytes) -> None:
+        """storage.report_damage: a whole chunk sent zero-copy arrived damaged; the server checks its copy
+        (and repairs it from a peer if it is the copy). Best effort: the read itself already went elsewhere."""
+        try:
+            await self._call(addr, "storage.report_damage", ss.ReportDamageReq(target_id, chunk_id),
+                             ss.ReportDamageRsp)
+        except ThreeFSError as e:
+            log.info("%s: damage report of chunk %s not taken: %s", addr, chunk_id.hex(), e.message)
+
+    def _background(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _read_request(self, addr, req, batch, idx, lengths, ends, recv, single, zero_copy=False) -> None:
         try:
             rsp, payload = await self._call(addr, "storage.read_packed", req, ss.PackedReadRsp,
                                             recv_into=recv)
         except ThreeFSError as e:
             fail_ios(batch, idx, e)
             return
-        self.apply_packed(addr, rsp, payload, batch, idx, lengths, ends, single)
+        self.apply_packed(addr, rsp, payload, batch, idx, lengths, ends, single, zero_copy)
 
     def apply_packed(self, addr: str, rsp: ss.PackedReadRsp, payload, batch: "ReadBatch", idx: np.ndarray,
-                     lengths: np.ndarray, ends: np.ndarray, single: bool) -> None:
+                     lengths: np.ndarray, ends: np.ndarray, single: bool, zero_copy: bool = False) -> None:
         """Check a read_packed response's IOs (status, crc32c of what arrived) and place their bytes in
         the batch's destinations (`single`: the payload was received into the one IO's destination).
-        Plain CPU work: also used by the caller-thread read path (client/storage_sync.py)."""
+        Plain CPU work: also used by the caller-thread read path (client/storage_sync.py).
+
+        A zero_copy request's whole chunk may come unchecked by the server: its write-time crc is always
+        checked here on arrival, check_arrival or not (a chunk is never returned that no one has checked)."""
         res = np.frombuffer(rsp.results, RESULT_DTYPE) if len(rsp.results) % RESULT_DTYPE.itemsize == 0 else None
         if res is None or len(res) != len(idx) or (res["length"] > lengths).any():
             fail_ios(batch, idx, status_error(StatusCode.PROTOCOL_ERROR, f"{addr}: malformed read_packed "
@@ -398,7 +428,10 @@ class StorageClient:
         starts = (ends - _aligned(lengths)).tolist()
         dests, dest_of, dest_off = batch.dests, batch.dest_of, batch.dest_off
         errors = batch.errors
-        check = batch.check_arrival or not single  # a packed IO is copied out of the payload: checked there
+        # a packed IO is copied out of the payload: checked there. A zero-copy chunk is checked here whatever
+        # check_arrival says: the server did not check it (with check_arrival=False a server-checked whole
+        # chunk received in place is not checked again: the caller's own checksum covers the transfer)
+        check = batch.check_arrival or not single or zero_copy
         # the per-IO part: check what arrived, place it (~1-2 us per IO)
         for pos, (k, s, g, want, crc, st) in enumerate(zip(idx.tolist(), starts, got.tolist(), lengths.tolist(),
                                                        res["data_crc"].tolist(), status.tolist())):

@@ -173,3 +173,125 @@ class FrameReader:
             return
         if self._start == self._end:
             self._start = self._end = 0
+
+
+# -- file-backed payloads (zero-copy sends) ------------------------------------------------------
+SEND_THREADS = 8  # threads that run file-backed sends (each blocks while its socket is full)
+_send_pool = None
+
+
+class FilePayload:
+    """A response payload that is `count` bytes of an open file at `offset`, sent with os.sendfile from the
+    page cache to the socket: no copy through user space, no read into a buffer first.
+
+    The wire is the same as for a buffer payload (prefix, header, then the bytes); only the sender differs.
+    FramedProtocol.send hands a FilePayload to `send()` below, which takes the connection for itself (no
+    other frame is written until it is done: the protocol counts as paused), writes the frame's head and
+    the file's bytes from a thread of its own (a read of bytes not in the page cache waits for the disk
+    there, not in the event loop; a full socket is waited for with poll), and gives the connection back.
+    A send that fails or times out midway leaves a partial frame: the connection is aborted.
+
+    `on_done` runs once the bytes are sent or the send gave up (e.g. to let the chunk engine reuse the
+    blocks: see FileLease)."""
+
+    __slots__ = ("fd", "offset", "count", "deadline_s")
+
+    def __init__(self, fd: int, offset: int, count: int, deadline_s: float = 60.0):
+        self.fd, self.offset, self.count, self.deadline_s = fd, offset, count, deadline_s
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def nbytes(self) -> int:
+        return self.count
+
+    async def send(self, protocol, head: bytes) -> None:
+        import asyncio
+        import concurrent.futures
+
+        global _send_pool
+        if _send_pool is None:
+            _send_pool = concurrent.futures.ThreadPoolExecutor(max_workers=SEND_THREADS,
+                                                               thread_name_prefix="sendfile")
+        transport = protocol.transport
+        sock = transport.get_extra_info("socket")
+        if sock is None or transport.get_write_buffer_size():  # (never: send() waits for an empty buffer)
+            raise ConnectionResetError("file-backed payload on a connection without a free socket")
+        import os
+        import socket
+
+        # The thread sends on duplicates of both descriptors: if the transport closes the socket meanwhile
+        # (the peer went away, an abort) or the engine closes its data file, their numbers may be reused by
+        # the next open; the duplicates keep the thread's writes on this connection and reads from this file.
+        out = socket.socket(fileno=os.dup(sock.fileno()))
+        src = os.dup(self.fd)
+        protocol.pause_writing()  # other frames wait (FramedProtocol.send) until this one is out
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(_send_pool, _send_blocking, out.fileno(), head, src,
+                                                             self.offset, self.count, self.deadline_s)
+            try:
+                await asyncio.shield(fut)
+            except asyncio.CancelledError:
+                # Cancelled (a deadline, the connection closing): stop the thread's send and wait until it
+                # has stopped, so that whatever the caller releases after this (the engine's read epoch of
+                # the blocks being sent) is released only once nothing reads them any more.
+                try:
+                    out.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                while not fut.done():
+                    try:
+                        await asyncio.shield(fut)
+                    except asyncio.CancelledError:
+                        continue
+                    except BaseException:
+                        break
+                if not fut.cancelled():
+                    fut.exception()  # retrieved (the cancellation is what propagates)
+                raise
+        except BaseException:
+            transport.abort()  # a partial frame went out: the stream cannot be trusted any more
+            raise
+        finally:
+            out.close()
+            os.close(src)
+            protocol.resume_writing()
+
+
+def _send_blocking(sock_fd: int, head: bytes, fd: int, offset: int, count: int, deadline_s: float) -> None:
+    """Write head, then file bytes [offset, offset+count), to a non-blocking socket (runs in a thread)."""
+    import os
+    import select
+    import time
+
+    poller = select.poll()
+    poller.register(sock_fd, select.POLLOUT)
+    deadline = time.monotonic() + deadline_s
+
+    def wait() -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"file-backed send stalled for {deadline_s:.0f} s")
+        for _, ev in poller.poll(max(1, int(left * 1000))):
+            if ev & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+                raise ConnectionResetError("connection closed during a file-backed send")
+
+    view = memoryview(head)
+    while len(view):
+        try:
+            view = view[os.write(sock_fd, view):]
+        except BlockingIOError:
+            wait()
+    end = offset + count
+    if count >= 1 << 20:  # bytes not cached yet: one readahead of all of them, not one per sendfile piece
+        os.posix_fadvise(fd, offset, count, os.POSIX_FADV_WILLNEED)
+    while offset < end:
+        try:
+            sent = os.sendfile(sock_fd, fd, offset, end - offset)
+        except BlockingIOError:
+            wait()
+            continue
+        if sent == 0:
+            raise ConnectionResetError(f"file-backed send: the file ends {end - offset} bytes short")
+        offset += sent

@@ -25,8 +25,8 @@ import msgspec
 from threefs.common import limits
 from threefs.common.buffers import BufferPool, Lease
 from threefs.common.status import StatusCode, ThreeFSError, status_error
-from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RESPONSE, KIND_RTS, FrameError,
-                               Header, body_encoder)
+from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RESPONSE, KIND_RTS, FilePayload,
+                               FrameError, Header, body_encoder)
 from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
 from threefs.rpc.transport import FramedProtocol
 
@@ -365,7 +365,7 @@ class ServerConnection(FramedProtocol):
                     await self._send_quiet(rsp_header)
             else:
                 out_view = out.view if isinstance(out, Lease) else out
-                bytes_out = memoryview(out_view).nbytes
+                bytes_out = len(out_view) if isinstance(out_view, FilePayload) else memoryview(out_view).nbytes
                 try:
                     await self._send_quiet(rsp_header, out_view)
                 finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from threefs.rpc.frame import FrameError, FrameReader, Header, encode_frame_head
+from threefs.rpc.frame import FilePayload, FrameError, FrameReader, Header, encode_frame_head
 
 log = logging.getLogger(__name__)
 
@@ -118,12 +118,16 @@ class FramedProtocol(asyncio.BufferedProtocol):
         """Write one frame; waits while the kernel buffer is full (bounded memory per connection)."""
         plen = len(payload) if payload is not None else 0
         head = encode_frame_head(header, plen)
+        if plen and type(payload) is FilePayload:
+            self._flush_batch()  # frames keep their order; a file-backed send needs an empty buffer (below)
         while self._paused and not self.is_closing():
             fut = asyncio.get_running_loop().create_future()
             self._drain_waiters.append(fut)
             await fut
         if self.is_closing():
             raise ConnectionResetError(f"connection to {self.peer} is closed")
+        if plen and type(payload) is FilePayload:  # zero-copy: the payload sends itself (rpc/frame.py)
+            return await payload.send(self, head)
         if plen:
             self._flush_batch()  # frames keep their order
             self.transport.writelines((head, payload))

@@ -402,6 +402,7 @@ class ChunkEngineV2:
         self._batch = 0
         self._cache: dict[bytes, State | None] = {}  # states as SQLite holds them
         self._metas: dict[bytes, tuple[State, ChunkMeta]] = {}  # ChunkMeta of a state (reads answer it)
+        self._locs: dict[bytes, tuple[State, tuple | bool]] = {}  # read_locations of a state
         self._dirty: dict[bytes, tuple[State | None, State | None]] = {}  # (in SQLite, now): journaled only
         self._touched: set[int] = set()  # groups whose bitmap changed since the last flush
         self._reader = _Reader()
@@ -1090,6 +1091,57 @@ class ChunkEngineV2:
             self._metas.clear()
         self._metas[chunk_id] = (st, meta)
         return meta
+
+    # -- batched reads (the storage service's read_packed) ----------------------------------------
+    def read_locations(self, chunk_ids: list) -> tuple[list, int]:
+        """Where the committed bytes of each chunk are, for a batch of reads of committed data, looked
+        up under one lock acquisition: ([loc per chunk], epoch). loc is None for a chunk not stored (a
+        hole), False for one that needs the general path (`read`: a pending version, an overlay, or no
+        committed version), else (fd, file offset of the block, committed length, commit_ver, crc).
+
+        The blocks stay owned by their reads until `end_reads(epoch)`: call it once the bytes were read
+        (or sent: a zero-copy send reads the file after this returns), in a `finally`."""
+        locs: list = []
+        append = locs.append
+        reader, dirty, cache, memo = self._reader, self._dirty, self._cache, self._locs
+        with self._lock:
+            self._check_open()
+            for cid in chunk_ids:
+                entry = dirty.get(cid)
+                if entry is not None:
+                    st = entry[1]
+                else:
+                    st = cache.get(cid, _MISSING)
+                    if st is _MISSING:
+                        if type(cid) is not bytes or len(cid) != 16:
+                            _check_chunk_id(cid)
+                        st = self._get(cid)
+                if st is None:
+                    append(None)
+                    continue
+                hit = memo.get(cid)
+                if hit is not None and hit[0] is st:
+                    append(hit[1])
+                    continue
+                if st.p is not None or st.ov is not None or st.pos is None or not st.commit_ver:
+                    loc = False
+                else:
+                    pos = st.pos
+                    cls = pos >> 56
+                    loc = (self._fds[(cls, (pos >> 40) & 0xFFFF)], (pos & _BLOCK_MASK) * (BLOCK_MIN << cls),
+                           st.length, st.commit_ver, st.crc)
+                if len(memo) >= CACHE_MAX:
+                    memo.clear()
+                memo[cid] = (st, loc)
+                append(loc)
+            epoch = reader.epoch
+            reader.active[epoch] = reader.active.get(epoch, 0) + 1
+        return locs, epoch
+
+    def end_reads(self, epoch: int) -> None:
+        """The reads of one read_locations call are over (their blocks may be reused once freed)."""
+        with self._lock:
+            self._reader.leave(epoch)
 
     def verify(self, chunk_id: bytes) -> bool:
         """Re-read the committed bytes and check them against the stored CRC32C."""

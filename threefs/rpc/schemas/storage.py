@@ -83,6 +83,12 @@ class PackedReadReq(msgspec.Struct):
     ios: bytes  # n IO records (READ_IO_FORMAT)
     allow_uncommitted: bool = False
     request_to_send: bool = False
+    # The client checks the crc32c of what arrives against data_crc (or verifies the bytes end to end
+    # itself), so the server may send a whole committed chunk straight from its data file (os.sendfile)
+    # without checking it against its write-time checksum first; data_crc is then that checksum. A client
+    # that finds such a chunk damaged on arrival tells the server (report_damage): it checks its copy and
+    # repairs it. Servers that predate this field ignore it (and check every whole chunk themselves).
+    zero_copy: bool = False
 
 
 class PackedReadRsp(msgspec.Struct):
@@ -90,6 +96,17 @@ class PackedReadRsp(msgspec.Struct):
     # fixed by the request (so IOs can be served in any order), trimmed after the last byte sent.
     results: bytes  # n result records (READ_RESULT_FORMAT), in request order
     messages: dict[int, str] = {}  # IO index -> error message, for IOs whose status is not 0
+
+
+class ReportDamageReq(msgspec.Struct):
+    """storage.report_damage: chunk `chunk_id` of target `target_id` arrived damaged at a client (a zero-copy
+    read); the server checks its copy against the write-time checksum and repairs it from a peer if bad."""
+    target_id: int
+    chunk_id: bytes
+
+
+class ReportDamageRsp(msgspec.Struct):
+    damaged: bool  # the server's copy failed its checksum (a repair was started)
 
 
 class RemoveRangeReq(msgspec.Struct):
