@@ -16,19 +16,10 @@ import numpy as np
 from threefs.client.client import Client
 from threefs.common.ids import chunk_id
 from threefs.testing.checks import replica_differences, wait_for
-from threefs.testing.chunk_files import chunk_replicas
+from threefs.testing.chunk_files import chunk_replicas, flip_bit
 
 KiB, MiB = 1 << 10, 1 << 20
 CS = MiB
-
-
-def _flip(where: tuple[Path, int], offset: int) -> None:
-    path, base = where
-    with open(path, "r+b") as f:
-        f.seek(base + offset)
-        byte = f.read(1)
-        f.seek(base + offset)
-        f.write(bytes([byte[0] ^ 0x10]))
 
 
 def _whole_chunks(fs, path: str, size: int, check_arrival: bool = True) -> bytes:
@@ -88,7 +79,7 @@ def test_damaged_chunk_is_caught_on_arrival_and_repaired(private_cluster, rng):
         replicas = chunk_replicas(Path(cluster.dir, "data"), chunk_id(inode, 1))
         assert len(replicas) == 3
         for where in replicas[:2]:  # damage on disk in all replicas but one
-            _flip(where, 777)
+            flip_bit(where, 777)
         for path, base in replicas:  # in the page cache (zero copy serves cached chunks only)
             with open(path, "rb") as f:
                 f.seek(base)

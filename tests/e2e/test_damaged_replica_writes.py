@@ -19,7 +19,7 @@ from threefs.common.ids import chunk_id
 from threefs.common.layout import chain_of_chunk
 from threefs.rpc.schemas import storage as ss
 from threefs.testing.checks import replica_differences
-from threefs.testing.chunk_files import chunk_replicas
+from threefs.testing.chunk_files import chunk_replicas, flip_bit
 
 ROUNDS = 3  # one per replica
 
@@ -30,15 +30,6 @@ def chunk_files(cluster, inode: int, index: int) -> list[tuple[Path, int]]:
     found = chunk_replicas(Path(cluster.dir, "data"), chunk_id(inode, index))
     assert len(found) == 3, found
     return found
-
-
-def flip(where: tuple[Path, int], offset: int) -> None:
-    path, base = where
-    with open(path, "r+b") as f:
-        f.seek(base + offset)
-        byte = f.read(1)
-        f.seek(base + offset)
-        f.write(bytes([byte[0] ^ 0x10]))
 
 
 def replicas(fs: Client, path: str, index: int = 0) -> dict[int, bytes]:
@@ -80,7 +71,7 @@ def test_partial_writes_and_truncates_succeed_while_a_replica_holds_a_flipped_bi
         assert fs.stat("/w").layout.chunk_size == cs
         for victim in range(ROUNDS):
             damaged = 1000 + 4096 * victim  # outside every write below: must read back as written
-            flip(chunk_files(cluster, inode, 0)[victim], damaged)
+            flip_bit(chunk_files(cluster, inode, 0)[victim], damaged)
             offset, patch = 300_000 + 10_000 * victim, rng.randbytes(4096)
             with fs.open("/w", "r+b", buffering=0) as f:
                 f.seek(offset)
@@ -92,7 +83,7 @@ def test_partial_writes_and_truncates_succeed_while_a_replica_holds_a_flipped_bi
         fs.write_bytes("/t", expected)
         inode = fs.stat("/t").inode
         for victim in range(ROUNDS):
-            flip(chunk_files(cluster, inode, 0)[victim], 500 + victim)
+            flip_bit(chunk_files(cluster, inode, 0)[victim], 500 + victim)
             expected = expected[:len(expected) - 100_000]
             fs.truncate("/t", len(expected))
             assert_all_replicas_hold(fs, "/t", expected)

@@ -27,6 +27,17 @@ def chunk_replicas(data_dir: str | Path, chunk_id: bytes) -> list[tuple[Path, in
     return out
 
 
+def flip_bit(where: tuple[Path, int], offset: int) -> None:
+    """Damage one byte of a chunk on disk: `where` is (file, chunk base) as chunk_replicas gives it; the
+    byte at base + offset gets bit 4 flipped."""
+    path, base = where
+    with open(path, "r+b") as f:
+        f.seek(base + offset)
+        byte = f.read(1)
+        f.seek(base + offset)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
 def random_committed_byte(data_dir: str | Path, rng) -> tuple[Path, int, str] | None:
     """A random byte of a random chunk's committed bytes on a random target under data_dir: (file, offset
     in it, what it is), or None when no target holds a committed chunk yet. v1: any chunk version file;
