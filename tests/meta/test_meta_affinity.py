@@ -5,12 +5,11 @@ servers' own request metrics (a real scrape), on a real cluster with two meta se
 from __future__ import annotations
 
 import re
-import time
 import urllib.request
 
 from threefs.client.client import Client
-from threefs.common.status import StatusCode, ThreeFSError
 from threefs.rpc.schemas.mgmtd import META
+from threefs.testing.checks import stat_answers, wait_for
 
 METAS = ("meta-1", "meta-2")
 
@@ -23,24 +22,6 @@ def _served(cluster, name: str, method: str = "meta.stat") -> float:
         if m and f'method="{method}"' in m.group(1):
             total += float(m.group(2))
     return total
-
-
-def _wait(pred, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not within {timeout} s")
-        time.sleep(0.05)
-
-
-def _answers(fs, path: str) -> bool:
-    try:
-        fs.stat(path)
-        return True
-    except ThreeFSError as e:
-        if e.code != StatusCode.UNAVAILABLE:
-            raise
-        return False
 
 
 def _scrapes(cluster, name: str) -> bool:
@@ -72,14 +53,14 @@ def test_calls_keep_to_one_meta_server_and_move_when_it_dies(private_cluster):
             assert sorted(_stats_per_server(cluster, fs2, "/aff", 20).values()) == [0, 20]
 
         cluster.kill(kept)
-        _wait(lambda: _answers(fs, "/aff"), f"calls failing over from {kept} to {other}")
+        wait_for(lambda: stat_answers(fs, "/aff"), f"calls failing over from {kept} to {other}", 60)
         assert _stats_per_server(cluster, fs, "/aff", 40, up=(other,)) == {other: 40}
 
         cluster.up()  # the dead one comes back: the client stays with the one that answered
         kept_id = 50 + int(kept.rsplit("-", 1)[1])
-        _wait(lambda: _scrapes(cluster, kept), f"{kept} serving metrics again")
-        _wait(lambda: kept_id in {n.node_id for n in fs.aio.mgmtd.routing.nodes_of_type(META)},
-              f"{kept} back in the client's routing")
+        wait_for(lambda: _scrapes(cluster, kept), f"{kept} serving metrics again", 60)
+        wait_for(lambda: kept_id in {n.node_id for n in fs.aio.mgmtd.routing.nodes_of_type(META)},
+                 f"{kept} back in the client's routing", 60)
         assert _stats_per_server(cluster, fs, "/aff", 40) == {kept: 0, other: 40}
         fs.remove("/aff")
         assert not fs.exists("/aff")

@@ -19,6 +19,7 @@ from threefs.kv import open_engine
 from threefs.meta import schema
 from threefs.meta.store import Caller, MetaStore
 from threefs.rpc.schemas.mgmtd import META
+from threefs.testing.checks import stat_answers
 
 WRITE_NEW = os.O_CREAT | os.O_EXCL | os.O_WRONLY
 
@@ -293,7 +294,7 @@ def test_calls_survive_a_meta_restart_and_fail_over(private_cluster):
         for i in range(8):
             assert fs.stat(f"/r/a{i}").length == 0
         c.kill(other)
-        _wait(lambda: _answers(fs, "/r/a0"), f"a call failing over to {kept}", 60)  # routing converges
+        _wait(lambda: stat_answers(fs, "/r/a0"), f"a call failing over to {kept}", 60)  # routing converges
         for i in range(8):
             fs.remove(f"/r/a{i}")
             with pytest.raises(FileNotFoundError):
@@ -301,16 +302,6 @@ def test_calls_survive_a_meta_restart_and_fail_over(private_cluster):
         assert fs.listdir("/r") == []
     finally:
         fs.close()
-
-
-def _answers(fs, path: str) -> bool:
-    try:
-        fs.stat(path)
-        return True
-    except ThreeFSError as e:
-        if e.code != StatusCode.UNAVAILABLE:
-            raise
-        return False
 
 
 def _listening(addr: str) -> bool:

@@ -11,23 +11,16 @@ runs on another thread: it must wait, and the target must end consistent."""
 from __future__ import annotations
 
 import threading
-import time
 
 from threefs.storage.chunk_engine_v2 import ChunkEngineV2
 from threefs.storage.target_check import check_target
+from threefs.testing.checks import wait_for
 
 CHUNK = 64 * 1024
 
 
 def cid(i: int) -> bytes:
     return bytes(8) + i.to_bytes(8, "big")
-
-
-def _wait_for(pred, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def test_a_second_update_of_a_chunk_waits_for_the_first(tmp_path):
@@ -60,7 +53,7 @@ def test_a_second_update_of_a_chunk_waits_for_the_first(tmp_path):
 
     other = threading.Thread(target=resync)
     other.start()
-    _wait_for(lambda: eng._waiters == 1, "the second update to wait")
+    wait_for(lambda: eng._waiters == 1, "the second update to wait")
     assert order == []  # it waits while the first runs
     release.set()
     late.join(30)

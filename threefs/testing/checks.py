@@ -24,6 +24,20 @@ def wait_for(predicate, what: str, timeout: float = 30.0, interval: float = 0.05
         time.sleep(interval)
 
 
+def stat_answers(fs, path: str) -> bool:
+    """Does a stat of `path` get an answer (True), or UNAVAILABLE (False: no meta server answers yet)?
+    Any other error is raised."""
+    from threefs.common.status import StatusCode, ThreeFSError
+
+    try:
+        fs.stat(path)
+        return True
+    except ThreeFSError as e:
+        if e.code != StatusCode.UNAVAILABLE:
+            raise
+        return False
+
+
 def routing(fs) -> ms.RoutingInfo:
     return fs.run(fs.aio.mgmtd.refresh(force=True)).info
 
