@@ -353,7 +353,9 @@ def cmd_creates(args) -> None:
                             running = cluster.running()
                             pids = {"meta": [p for n, p in running.items() if n.startswith("meta")],
                                     "etcd": [m.process.pid for m in etcd.members if m.process is not None],
-                                    "other services": [p for n, p in running.items() if not n.startswith("meta")]}
+                                    "mgmtd": [p for n, p in running.items() if n.startswith("mgmtd")],
+                                    "storage": [p for n, p in running.items()
+                                                if not n.startswith(("meta", "mgmtd"))]}
                             c = counted_creates(str(cluster.client_config_path), args.clients, args.files,
                                                 f"r{rep}", stats_dir, pids)
                             print(f"  {name:8} per create (a second, counted pass at {c['rate']:.0f}/s): "

@@ -55,3 +55,15 @@ def test_a_clean_stop_cancels_every_loop():
         assert sorted(cancelled) == ["a", "b"]
 
     asyncio.run(main())
+
+
+def test_mgmtd_opens_etcd_without_the_replica_unless_asked():
+    from threefs.kv.etcd import parse_etcd_options, parse_etcd_url
+    from threefs.server import mgmtd_kv_url
+
+    for url, replica in [("etcd://h:1,h:2/p", False), ("etcd://h:1/p?replica=on", True),
+                         ("etcd://h:1/p?replica=off", False), ("etcd://h:1", False)]:
+        got = mgmtd_kv_url(url)
+        parse_etcd_url(got)  # still a valid URL
+        assert parse_etcd_options(got).get("replica", True) is replica, (url, got)
+    assert mgmtd_kv_url("sqlite:///x/kv.db") == "sqlite:///x/kv.db"
