@@ -353,7 +353,8 @@ async def truncate_commit(
     inode_id, inode = await _truncatable(walker, parsed, length)
     if plan_key is not None and plan_key != (inode_id, inode.truncate_ver):
         raise Replan(walker.path)
-    set_length(tr, inode_id, inode, length, now_ns, touch=False)
+    # Linux moves mtime/ctime on every truncate, also to the same length (POSIX asks only on a change)
+    set_length(tr, inode_id, inode, length, now_ns, touch=True)
     return schema.to_attr(inode_id, inode)
 
 
