@@ -20,8 +20,9 @@ over them) for as long as it answers: that server's KV read cache then holds thi
 server's commits and read them again from the KV on every mutation. Failover is the async path's: the
 next live meta server (from the routing the client's loop keeps fresh) with the same request id, so a
 retried mutation never acts twice; the server that answered becomes the one this client keeps to. A pooled
-connection the server closed (restart) is noticed before use by a zero-timeout poll, and a call that fails
-on a reused connection is retried once on a fresh one to the same server.
+connection the server closed (restart) is noticed before use by a zero-timeout poll (skipped for a
+connection given back less than RECENT_S ago), and a call that fails on a reused connection is retried once
+on a fresh one to the same server.
 
 After a fork the child never touches the parent's sockets: the pool belongs to one process id.
 """
@@ -41,6 +42,9 @@ from threefs.rpc.client import _decoder  # one decoder cache per process, shared
 from threefs.rpc.schemas.mgmtd import META
 
 SYNC_CONNECTIONS_PER_SERVER = 8  # blocking connections per meta server (servers allow 64 per client id)
+# A connection given back less than this ago is used without polling it first (one system call less per
+# call); should the server have closed it meanwhile, the call fails on it and runs again on a fresh one.
+RECENT_S = 1.0
 NOT_TAKEN = object()  # call() could not run this call here (no routing yet, every connection busy)
 
 
@@ -52,7 +56,7 @@ class SyncMetaCalls:
         self._aio = aio
         self._timeout = timeout
         self._pool = BlockingPool(lambda: aio.config.token, lambda: aio.rpc.client_id, timeout,
-                                  SYNC_CONNECTIONS_PER_SERVER)
+                                  SYNC_CONNECTIONS_PER_SERVER, recent_s=RECENT_S)
         self._routing = None  # the routing snapshot self._servers was taken from (snapshots are immutable)
         self._servers: list = []
         # Where this client starts among the meta servers: by process id (and host), so that processes
