@@ -31,6 +31,9 @@ from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
 RECV_BYTES = 64 * 1024
 
 _header_decoder = msgspec.msgpack.Decoder(Header)
+# This process's id, kept current by a fork hook: os.getpid() is a system call, and usable() runs per call.
+_pid = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
 
 
 class Broken(Exception):
@@ -243,7 +246,7 @@ class BlockingPool:
         self.closed = False
 
     def usable(self) -> bool:
-        return not self.closed and os.getpid() == self.pid
+        return not self.closed and _pid[0] == self.pid
 
     def take(self, addr: str, fresh: bool = False):
         """An idle live connection to addr, a new one, a Broken (cannot connect), or None (all busy)."""
