@@ -14,6 +14,7 @@ import pytest
 from meta_helpers import run
 
 from threefs.client.client import DEFERRED_CLOSES_MAX, Client
+from threefs.client.meta_sync import RECENT_S
 from threefs.common.status import StatusCode, ThreeFSError
 from threefs.kv import open_engine
 from threefs.meta import schema
@@ -274,8 +275,9 @@ def test_many_threads_share_the_pool_and_fall_back_to_the_loop(fs, d):
 
 
 def test_calls_survive_a_meta_restart_and_fail_over(private_cluster):
-    """A pooled connection to a meta server that restarted is replaced without an error; with one of two
-    servers down, calls go to the other (same request ids, so nothing acts twice)."""
+    """A pooled connection to a meta server that restarted is replaced without an error, also when it is
+    used without the liveness poll (given back recently: the call fails on it and runs again on a fresh
+    one); with one of two servers down, calls go to the other (same request ids, so nothing acts twice)."""
     c = private_cluster(meta=2)
     fs = Client.connect(str(c.client_config_path))
     try:
@@ -291,8 +293,14 @@ def test_calls_survive_a_meta_restart_and_fail_over(private_cluster):
         _wait(lambda: _listening(addr), f"{kept} listening at {addr} again", 60)
         _wait(lambda: {n.node_id for n in fs.aio.mgmtd.routing.nodes_of_type(META)} == {51, 52},
               "both meta servers in the client's routing again", 60)
+        pool = fs._sync._pool
+        dead = list(pool._idle[addr])
+        assert dead
+        pool.recent_s = 3600  # the pooled connections are used unpolled: a call fails on one...
         for i in range(8):
-            assert fs.stat(f"/r/a{i}").length == 0
+            assert fs.stat(f"/r/a{i}").length == 0  # ...and runs again on a fresh one
+        assert set(map(id, dead)) - set(map(id, pool._idle[addr]))  # a dead one was taken and dropped
+        pool.recent_s = RECENT_S
         c.kill(other)
         _wait(lambda: stat_answers(fs, "/r/a0"), f"a call failing over to {kept}", 60)  # routing converges
         for i in range(8):

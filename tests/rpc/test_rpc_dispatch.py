@@ -87,6 +87,11 @@ class Service:
         return Rsp(req.text, var=seen)
 
     @rpc(Req)
+    async def blob(self, ctx: CallContext, req: Req):
+        """An answer with a payload of int(req.text) bytes."""
+        return Rsp(req.text), bytes(range(256)) * (int(req.text) // 256)
+
+    @rpc(Req)
     async def echo_payload(self, ctx: CallContext, req: Req):
         return Rsp(req.text), bytes(ctx.payload) if ctx.payload is not None else None
 
@@ -337,6 +342,94 @@ def test_a_blocking_connection_times_out_by_the_kernels_timer():
             assert took < 20  # the socket's 0.5 s, not the request's 30 s deadline
         finally:
             service.release.set()
+            await server.stop()
+
+    uvloop.run(main())
+
+
+def test_exchange_reads_every_kind_of_answer_and_the_connection_stays_in_step():
+    """BlockingConnection.exchange's one-recv path (a header-only answer) and the general one (an answer with
+    a payload, which exchange drops; an error answer) alternate on one connection without losing a frame."""
+
+    async def main():
+        server, service, addr = await _start()
+        try:
+            def calls():
+                conn = BlockingConnection(addr, TOKEN, "mixed", 10.0)
+                try:
+                    texts = []
+                    for i in range(60):
+                        if i % 3 == 0:
+                            header = conn.exchange(KIND_REQUEST, "d.now", body_encoder.encode(Req(f"t{i}")), 10)
+                            texts.append(msgspec.msgpack.decode(header.body, type=Rsp).text)
+                        elif i % 3 == 1:  # 0.25 MB of payload: many recvs, dropped by exchange
+                            header = conn.exchange(KIND_REQUEST, "d.blob", body_encoder.encode(Req("262144")), 10)
+                            texts.append(msgspec.msgpack.decode(header.body, type=Rsp).text)
+                        else:
+                            header = conn.exchange(KIND_REQUEST, "d.nosuch", body_encoder.encode(Req()), 10)
+                            texts.append(StatusCode(header.status).name)
+                    return texts
+                finally:
+                    conn.close()
+
+            texts = await asyncio.get_running_loop().run_in_executor(None, calls)
+            assert texts == [f"t{i}" if i % 3 == 0 else "262144" if i % 3 == 1 else "UNKNOWN_METHOD"
+                             for i in range(60)]
+        finally:
+            await server.stop()
+
+    uvloop.run(main())
+
+
+def test_a_pool_with_recent_s_reuses_without_polling_and_a_dead_connection_fails_as_broken():
+    """A connection given back less than recent_s ago is handed out without the liveness poll: if the server
+    closed it meanwhile, the call on it fails as Broken (meta_sync then runs it again on a fresh one, see
+    tests/meta/test_meta_fastpath.py). Without recent_s the poll notices the close and a new connection
+    is opened to the restarted server."""
+    from threefs.rpc.blocking import BlockingPool, Broken
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        server, service, addr = await _start()
+        port = int(addr.rpartition(":")[2])
+        trusting = BlockingPool(lambda: TOKEN, lambda: "trusting", 5.0, 4, recent_s=3600)
+        polling = BlockingPool(lambda: TOKEN, lambda: "polling", 5.0, 4)
+
+        def call(pool):
+            conn = pool.take(addr)
+            assert conn is not None and not isinstance(conn, Broken), conn
+            header = conn.exchange(KIND_REQUEST, "d.now", body_encoder.encode(Req("hi")), 10)
+            pool.give_back(addr, conn)
+            return conn, msgspec.msgpack.decode(header.body, type=Rsp).text
+
+        try:
+            first_t, text = await loop.run_in_executor(None, call, trusting)
+            assert text == "hi"
+            first_p, _ = await loop.run_in_executor(None, call, polling)
+            await server.stop()
+            old = server
+            await _until(lambda: not old.connections)  # both connections closed on the server's side
+            server = RpcServer("disp", token_authenticator(TOKEN))
+            server.add_service("d", service)
+            await server.start("127.0.0.1", port)
+
+            def on_dead_connection():
+                conn = trusting.take(addr)
+                assert conn is first_t  # no poll: the pooled one, though its server is gone
+                try:
+                    with pytest.raises(Broken):
+                        conn.exchange(KIND_REQUEST, "d.now", body_encoder.encode(Req("again")), 10)
+                finally:
+                    trusting.discard(addr, conn)
+
+            await loop.run_in_executor(None, on_dead_connection)
+            again_t, text = await loop.run_in_executor(None, call, trusting)  # a fresh one now
+            assert again_t is not first_t and text == "hi"
+            again_p, text = await loop.run_in_executor(None, call, polling)  # the poll saw the close
+            assert again_p is not first_p and text == "hi"
+        finally:
+            trusting.close()
+            polling.close()
             await server.stop()
 
     uvloop.run(main())

@@ -20,8 +20,9 @@ over them) for as long as it answers: that server's KV read cache then holds thi
 server's commits and read them again from the KV on every mutation. Failover is the async path's: the
 next live meta server (from the routing the client's loop keeps fresh) with the same request id, so a
 retried mutation never acts twice; the server that answered becomes the one this client keeps to. A pooled
-connection the server closed (restart) is noticed before use by a zero-timeout poll, and a call that fails
-on a reused connection is retried once on a fresh one to the same server.
+connection the server closed (restart) is noticed before use by a zero-timeout poll (skipped for a
+connection given back less than RECENT_S ago), and a call that fails on a reused connection is retried once
+on a fresh one to the same server.
 
 After a fork the child never touches the parent's sockets: the pool belongs to one process id.
 """
@@ -41,6 +42,9 @@ from threefs.rpc.client import _decoder  # one decoder cache per process, shared
 from threefs.rpc.schemas.mgmtd import META
 
 SYNC_CONNECTIONS_PER_SERVER = 8  # blocking connections per meta server (servers allow 64 per client id)
+# A connection given back less than this ago is used without polling it first (one system call less per
+# call); should the server have closed it meanwhile, the call fails on it and runs again on a fresh one.
+RECENT_S = 1.0
 NOT_TAKEN = object()  # call() could not run this call here (no routing yet, every connection busy)
 
 
@@ -52,27 +56,40 @@ class SyncMetaCalls:
         self._aio = aio
         self._timeout = timeout
         self._pool = BlockingPool(lambda: aio.config.token, lambda: aio.rpc.client_id, timeout,
-                                  SYNC_CONNECTIONS_PER_SERVER)
-        self._routing = None  # the routing snapshot self._servers was taken from (snapshots are immutable)
-        self._servers: list = []
+                                  SYNC_CONNECTIONS_PER_SERVER, recent_s=RECENT_S)
+        # (routing snapshot (immutable), kept-to node id, the order of servers made for them)
+        self._order_cache: tuple = (None, None, [])
         # Where this client starts among the meta servers: by process id (and host), so that processes
         # started together (8 benchmark clients, DataLoader workers) spread evenly over the servers.
         self._seed = zlib.crc32(socket.gethostname().encode()) + os.getpid()
         self._keep_to: int | None = None  # node id of the meta server that answered last
 
-    def _meta_servers(self, routing) -> list:
-        if routing is not self._routing:
-            self._servers, self._routing = routing.nodes_of_type(META), routing
-        return self._servers
+    def _order(self, routing) -> list:
+        """The meta servers in the order this call tries them: the one kept to first (else the seed's),
+        then the rest round the list. Cached per routing snapshot and kept-to server."""
+        cached_routing, cached_keep, order = self._order_cache  # one tuple: threads see it whole
+        keep_to = self._keep_to
+        if routing is not cached_routing or keep_to != cached_keep:
+            servers = routing.nodes_of_type(META)
+            start = self._seed
+            for i, node in enumerate(servers):
+                if node.node_id == keep_to:
+                    start = i
+                    break
+            n = len(servers)
+            order = [servers[(start + i) % n] for i in range(n)]
+            self._order_cache = (routing, keep_to, order)
+        return order
 
     def call(self, method: str, req, rsp_type):
         """The response, or NOT_TAKEN when the call must take the event loop's path instead."""
         aio = self._aio
         routing = aio.mgmtd.routing
-        if routing is None or not self._pool.usable():
+        pool = self._pool
+        if routing is None or not pool.usable():
             return NOT_TAKEN
-        servers = self._meta_servers(routing)
-        if not servers:
+        order = self._order(routing)
+        if not order:
             return NOT_TAKEN  # the async path refreshes the routing and says what is wrong
         if getattr(req, "request_id", None) == 0:  # one id per call: failover retries reuse it
             req.request_id = next(aio._meta_request_ids)
@@ -80,18 +97,10 @@ class SyncMetaCalls:
             req.user = aio.acting_user
         body = body_encoder.encode(req)
         name = "meta." + method
-        start = self._seed
-        keep_to = self._keep_to
-        if keep_to is not None:
-            for i, node in enumerate(servers):
-                if node.node_id == keep_to:
-                    start = i
-                    break
         errors = []
-        for i in range(len(servers)):
-            node = servers[(start + i) % len(servers)]
+        for node in order:
             for fresh in (False, True):
-                conn = self._pool.take(node.addr, fresh)
+                conn = pool.take(node.addr, fresh)
                 if conn is None:  # every connection busy: the loop's path (same request id)
                     return NOT_TAKEN
                 try:
@@ -100,15 +109,15 @@ class SyncMetaCalls:
                     header = conn.exchange(KIND_REQUEST, name, body, self._timeout)
                 except Broken as e:
                     reused = not isinstance(conn, Broken) and conn.used
-                    self._pool.discard(node.addr, conn)
+                    pool.discard(node.addr, conn)
                     if reused and not fresh:
                         continue  # a pooled connection the server dropped: once more on a new one
                     errors.append(f"meta {node.node_id} at {node.addr}: {e}")
                     break
                 except BaseException:
-                    self._pool.discard(node.addr, conn)
+                    pool.discard(node.addr, conn)
                     raise
-                self._pool.give_back(node.addr, conn)
+                pool.give_back(node.addr, conn)
                 if header.status:
                     if header.status in (StatusCode.UNAVAILABLE, StatusCode.TIMEOUT):
                         errors.append(f"meta {node.node_id} at {node.addr}: {header.message}")

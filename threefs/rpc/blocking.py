@@ -4,8 +4,10 @@ and small batch reads (client/storage_sync.py).
 The wire is the framing of rpc/frame.py unchanged: a hello with the client's token and client id, then
 request frames; servers see an ordinary connection of that client id. `BlockingPool` keeps at most
 `per_server` connections per server address; a thread takes an idle one (or opens one), uses it alone, and
-gives it back. A pooled connection the server closed is noticed before use by a zero-timeout poll. After a
-fork the child never touches the parent's sockets: a pool belongs to one process id.
+gives it back. A pooled connection the server closed is noticed before use by a zero-timeout poll; a pool
+made with `recent_s` skips that poll (a system call) for a connection given back less than `recent_s` ago,
+for callers that retry a call that failed on a reused connection once on a fresh one (meta_sync does). After
+a fork the child never touches the parent's sockets: a pool belongs to one process id.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import select
 import socket
 import struct
 import threading
+import time
 
 import msgspec
 
@@ -28,6 +31,9 @@ from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
 RECV_BYTES = 64 * 1024
 
 _header_decoder = msgspec.msgpack.Decoder(Header)
+# This process's id, kept current by a fork hook: os.getpid() is a system call, and usable() runs per call.
+_pid = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
 
 
 class Broken(Exception):
@@ -67,6 +73,7 @@ class BlockingConnection:
         self._rids = itertools.count(1)
         self._scratch = memoryview(bytearray(0))  # payloads received without a destination of the caller's
         self.used = False
+        self.given_back_s = 0.0  # time.monotonic() of the last give_back
         try:
             hello = body_encoder.encode(Hello(token=token, client_id=client_id))
             header = self.exchange(KIND_HELLO, "hello", hello, timeout)
@@ -99,8 +106,27 @@ class BlockingConnection:
 
     def exchange(self, kind: int, method: str, body: bytes, timeout: float) -> Header:
         """Send one request frame and return the response's header; a payload is dropped (raises Broken
-        on transport trouble)."""
+        on transport trouble). The header's body is valid until this connection's next call."""
         rid = self.send(kind, method, body, timeout)
+        # The common case in one piece: nothing buffered, and the answer, header only, in one recv.
+        if self._start == self._end:
+            try:
+                n = self.sock.recv_into(self._view)
+            except OSError as e:
+                raise Broken(f"response from {self.addr}: {_why(e, self.timeout)}") from e
+            if n >= PREFIX_BYTES:
+                magic, _flags, hlen, plen = PREFIX.unpack_from(self._buf, 0)
+                if (n == PREFIX_BYTES + hlen and plen == 0 and magic == MAGIC
+                        and hlen <= limits.FRAME_HEADER_BYTES_MAX):
+                    try:
+                        header = _header_decoder.decode(self._view[PREFIX_BYTES:n])
+                    except msgspec.DecodeError as e:
+                        raise Broken(f"response from {self.addr}: {_why(e, self.timeout)}") from e
+                    if header.rid == rid and header.kind != KIND_RTS:
+                        return header
+            if n == 0:
+                raise Broken(f"response from {self.addr}: EOFError connection closed by the server")
+            self._start, self._end = 0, n  # anything else: the general path, from these bytes on
         header, _ = self.receive({rid: None})
         return header
 
@@ -207,11 +233,12 @@ class BlockingPool:
     """At most `per_server` blocking connections per server address, shared by any number of threads.
     Belongs to the process that made it."""
 
-    def __init__(self, token_of, client_id_of, timeout: float, per_server: int):
+    def __init__(self, token_of, client_id_of, timeout: float, per_server: int, recent_s: float = 0.0):
         self._token_of = token_of  # callables: the values may change (token refresh, reconnect)
         self._client_id_of = client_id_of
         self.timeout = timeout
         self.per_server = per_server
+        self.recent_s = recent_s  # given back more recently than this: used without the liveness poll
         self.pid = os.getpid()
         self._lock = threading.Lock()
         self._idle: dict[str, list[BlockingConnection]] = {}
@@ -219,7 +246,7 @@ class BlockingPool:
         self.closed = False
 
     def usable(self) -> bool:
-        return not self.closed and os.getpid() == self.pid
+        return not self.closed and _pid[0] == self.pid
 
     def take(self, addr: str, fresh: bool = False):
         """An idle live connection to addr, a new one, a Broken (cannot connect), or None (all busy)."""
@@ -227,7 +254,7 @@ class BlockingPool:
             idle = self._idle.get(addr)
             while idle and not fresh:
                 conn = idle.pop()
-                if conn.alive():
+                if (self.recent_s and time.monotonic() - conn.given_back_s < self.recent_s) or conn.alive():
                     return conn
                 self._count[addr] -= 1
                 conn.close()
@@ -247,6 +274,8 @@ class BlockingPool:
 
     def give_back(self, addr: str, conn: BlockingConnection) -> None:
         conn.used = True
+        if self.recent_s:
+            conn.given_back_s = time.monotonic()
         with self._lock:
             if self.closed:
                 self._count[addr] -= 1
