@@ -27,7 +27,7 @@ def test_small_plans_match_the_general_plan_and_read_the_right_bytes(fs, rng, mo
     attr = fs.stat("/plan-small/f")
     aio, storage = fs.aio, fs.aio.storage
     routing = fs.run(aio.mgmtd.get())
-    for trial in range(150):
+    for trial in range(80):
         n = rng.randint(1, sc.PLAN_SMALL_IOS_MAX)
         ios = [(rng.randrange(len(data) - chunk), rng.choice([1, 4096, 65536, 200_000, chunk - 7]))
                for _ in range(n)]
