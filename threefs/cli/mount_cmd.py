@@ -19,7 +19,8 @@ def mount_options(args):
                         keep_cache=not args.no_keep_cache, max_background=args.max_background,
                         read_ahead_kb=args.read_ahead_kb, read_ahead_bytes=args.prefetch_mb << 20,
                         segment_bytes=args.segment_mb << 20, allow_other=args.allow_other,
-                        fast_dispatch=not args.pyfuse3_dispatch, dir_cache=not args.no_dir_cache)
+                        fast_dispatch=not args.pyfuse3_dispatch, dir_cache=not args.no_dir_cache,
+                        gate_batch=args.gate_batch)
 
 
 def mount_args(args) -> list[str]:
@@ -27,7 +28,7 @@ def mount_args(args) -> list[str]:
     out = ["--attr-timeout", str(args.attr_timeout), "--entry-timeout", str(args.entry_timeout),
            "--negative-timeout", str(args.negative_timeout), "--read-ahead-kb", str(args.read_ahead_kb),
            "--prefetch-mb", str(args.prefetch_mb), "--max-background", str(args.max_background),
-           "--segment-mb", str(args.segment_mb)]
+           "--segment-mb", str(args.segment_mb), "--gate-batch", str(args.gate_batch)]
     out += ["--direct-io"] * args.direct_io + ["--no-writeback"] * args.no_writeback
     out += ["--writeback"] * args.writeback + ["--no-keep-cache"] * args.no_keep_cache
     out += ["--pyfuse3-dispatch"] * args.pyfuse3_dispatch + ["--no-dir-cache"] * args.no_dir_cache
@@ -75,6 +76,8 @@ def add_mount_flags(p) -> None:
     p.add_argument("--segment-mb", type=int, default=4,
                    help="storage IO unit of the daemon's read-ahead and write-behind, in whole chunks "
                         "(default 4, at most 8)")
+    p.add_argument("--gate-batch", type=int, default=64,
+                   help="concurrent kernel reads joined into one storage batch at most (default 64)")
     p.add_argument("--no-dir-cache", action="store_true",
                    help="the kernel does not cache directory listings (by default it does, dropped at "
                         "opendir when the directory changed)")
