@@ -229,7 +229,7 @@ class StorageService:
         self._probe = memoryview(bytearray(1))  # page-cache probes of zero-copy reads (see _zero_copy)
         # whole cold chunks are read with O_DIRECT into these page-aligned buffers (_read_direct);
         # THREEFS_DIRECT_READS=0 reads them buffered (to compare)
-        self.direct_pool = DirectBufferPool()
+        self.direct_pool = DirectBufferPool(bytes_max=128 << 20)
         self.direct_reads = os.environ.get("THREEFS_DIRECT_READS", "1") != "0"
         self._tasks: set[asyncio.Task] = set()
 
