@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 import torch
 
 from threefs.checkpoint import CheckpointManager, tensor_io
@@ -35,6 +37,30 @@ def _drop_cache(directory) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
+
+
+def _needs_a_disk(directory) -> None:
+    """Skip unless files under `directory` live on a disk file system that takes O_DIRECT (tmpfs holds every
+    page in memory: nothing is ever cold there, and nothing can come past its page cache)."""
+    directory = os.path.realpath(directory)
+    best, fstype = "", ""
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mnt = parts[1].replace("\\040", " ")
+            if (directory == mnt or directory.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                best, fstype = mnt, parts[2]
+    if fstype in ("tmpfs", "ramfs"):
+        pytest.skip(f"{directory} is on {fstype}: no cold reads there")
+    probe = os.path.join(directory, ".o_direct_probe")
+    with open(probe, "wb") as f:
+        f.write(bytes(4096))
+    try:
+        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
+    except OSError as e:
+        pytest.skip(f"no O_DIRECT on the file system of {directory}: {e}")
+    finally:
+        os.unlink(probe)
 
 
 def _state(seed: int, n: int = 6) -> dict:
@@ -84,6 +110,7 @@ def test_cold_load_with_groups_in_flight(cluster, fs, d, monkeypatch):
     mgr = CheckpointManager(fs, f"{d}/ck", chunk_size=MiB)
     mgr.save(sd, step=1)
     data_dir = Path(cluster.dir, "data")
+    _needs_a_disk(data_dir)
     cids = _data_chunks(fs, mgr, 1)
     assert len(cids) >= 8
     monkeypatch.setattr(tensor_io, "READ_PIECE_BYTES", 2 * MiB)  # pieces of 2 chunks, groups of 2 pieces

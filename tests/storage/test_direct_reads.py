@@ -56,6 +56,30 @@ def _cached_pages(where: tuple[Path, int], length: int) -> int:
         os.close(fd)
 
 
+def _needs_a_disk(directory) -> None:
+    """Skip unless files under `directory` live on a disk file system that takes O_DIRECT (tmpfs holds every
+    page in memory: nothing is ever cold there, and nothing can come past its page cache)."""
+    directory = os.path.realpath(directory)
+    best, fstype = "", ""
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mnt = parts[1].replace("\\040", " ")
+            if (directory == mnt or directory.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                best, fstype = mnt, parts[2]
+    if fstype in ("tmpfs", "ramfs"):
+        pytest.skip(f"{directory} is on {fstype}: no cold reads there")
+    probe = os.path.join(directory, ".o_direct_probe")
+    with open(probe, "wb") as f:
+        f.write(bytes(4096))
+    try:
+        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
+    except OSError as e:
+        pytest.skip(f"no O_DIRECT on the file system of {directory}: {e}")
+    finally:
+        os.unlink(probe)
+
+
 def _read_chunks(fs, path: str, size: int, check_arrival: bool = True) -> bytes:
     buf = bytearray(size)
     view = memoryview(buf)
@@ -81,6 +105,7 @@ def direct_cluster(tmp_path_factory):
 def test_cold_whole_chunks_come_past_the_page_cache(direct_cluster, rng):
     cluster = direct_cluster
     data_dir = Path(cluster.dir, "data")
+    _needs_a_disk(data_dir)
     with Client.connect(str(cluster.client_config_path)) as fs:
         # whole chunks, a last chunk of 200 KiB + 5 bytes (not a multiple of 4 KiB), a file with holes
         data = rng.randbytes(4 * CS + 200 * KiB + 5)
@@ -114,6 +139,7 @@ def test_direct_reads_off_reads_through_the_page_cache(private_cluster, rng, mon
     monkeypatch.setenv("THREEFS_DIRECT_READS", "0")
     cluster = private_cluster(storage=1, replicas=1)
     data_dir = Path(cluster.dir, "data")
+    _needs_a_disk(data_dir)
     with Client.connect(str(cluster.client_config_path)) as fs:
         data = rng.randbytes(2 * CS)
         fs.write_bytes("/f", data)
