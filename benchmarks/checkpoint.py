@@ -3,9 +3,10 @@ against torch.save/torch.load, safetensors save_file/load_file and DCP's FileSys
 local disk.
 
     .venv/bin/python benchmarks/checkpoint.py [--gib 2 4] [--replicas 3] [--storage 3] [--rounds 1]
-        [--engines v1,v2] [--methods safetensors,CheckpointManager] [--profile DIR]
+        [--engines v1,v2] [--direct-reads 1,0] [--methods safetensors,CheckpointManager] [--profile DIR]
 
 --engines runs the threefs part once per chunk engine (a fresh cluster each; the local rows run in each);
+--direct-reads likewise once per setting of the storage services' O_DIRECT reads of whole cold chunks;
 --methods keeps the methods whose name contains one of the words; --profile records py-spy (raw folded
 stacks) of every storage process and of this process during the first cold CheckpointManager load
 (non-blocking sampling: py-spy's default pauses the process for each sample, which inflated the figures);
@@ -254,23 +255,31 @@ def main() -> None:
     ap.add_argument("--no-fuse", action="store_true", help="skip torch.save/load through the FUSE mount")
     ap.add_argument("--engines", default="", help="chunk engines to run the threefs part on, e.g. v1,v2 "
                     "(default: the default engine)")
+    ap.add_argument("--direct-reads", default="", help="run the threefs part once per value, e.g. 1,0: storage "
+                    "reads whole cold chunks with O_DIRECT (1, the default) or buffered (0); THREEFS_DIRECT_READS")
     ap.add_argument("--methods", default="", help="comma-separated words: keep methods whose name has one")
     ap.add_argument("--profile", default=None, help="directory for py-spy stacks of the cold CheckpointManager load")
     args = ap.parse_args()
     words = [w for w in args.methods.split(",") if w] or None
-    for engine in args.engines.split(","):
+    runs = [(e, r) for e in args.engines.split(",") for r in args.direct_reads.split(",")]
+    for engine, direct in runs:
         if engine:
             os.environ["THREEFS_CHUNK_ENGINE"] = engine  # the storage processes inherit it (new targets)
+        if direct:
+            os.environ["THREEFS_DIRECT_READS"] = direct
         tmp = tempfile.mkdtemp(prefix="threefs-bench-ckpt-", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
         try:
             with local_cluster(tmp, args.storage, args.replicas, fuse=not args.no_fuse) as (cluster, mnt):
-                print(f"\n### chunk engine {engine or 'default'}: cluster: {args.storage} storage services, "
+                print(f"\n### chunk engine {engine or 'default'}"
+                      + (f", direct reads {'on' if direct != '0' else 'off'}" if direct else "")
+                      + f": cluster: {args.storage} storage services, "
                       f"R={args.replicas}; torch {torch.__version__}, {os.cpu_count()} CPUs; load average "
                       f"{os.getloadavg()[0]:.1f}")
                 pids = {n: p for n, p in cluster.running().items() if n.startswith("storage")}
                 with Client.connect(str(cluster.client_config_path)) as fs:
                     for gib in args.gib:
-                        prof = os.path.join(args.profile, f"{engine or 'default'}-{gib}") if args.profile else None
+                        prof = (os.path.join(args.profile, f"{engine or 'default'}{direct and '-direct' + direct}-{gib}")
+                                if args.profile else None)
                         run_size(fs, tmp, str(cluster.dir), gib, args.rounds, mnt, words, prof, pids)
                 print(f"load average after: {os.getloadavg()[0]:.1f}")
         finally:

@@ -73,6 +73,7 @@ GROUP_BLOCKS = 256
 FILES_PER_CLASS_DEFAULT = 16
 GROUP_FALLOCATE_MAX = 64 * MiB  # bigger groups are fallocated one block at a time
 IO_PIECE = 4 * MiB  # bounds buffers of copies, verify and migration
+DIRECT_ALIGN = 4096  # O_DIRECT reads (read_direct): buffer address, file offset and length multiples of this
 JOURNAL_FLUSH_RECORDS = 4096  # the journal is flushed into SQLite (one transaction) past this many records
 JOURNAL_FLUSH_BYTES = 2 * MiB  # ... or bytes (it is replayed at start-up: this bounds that time)
 _JHEAD = struct.Struct("<II")  # journal record: payload length, CRC32C of the payload
@@ -375,6 +376,7 @@ class ChunkEngineV2:
         self._block_dir = os.path.join(self.path, "blocks")
         os.makedirs(self._block_dir, exist_ok=True)
         self._fds: dict[tuple[int, int], int] = {}
+        self._direct_fds: dict[int, int] = {}  # data file fd -> its O_DIRECT descriptor, or -1 (read_direct)
         self._db = self._wdb = None
         self._journal_fd = self._retired_fd = None
         # Two connections: `_db` reads (under the engine lock), `_wdb` writes: the flushes, which take
@@ -511,6 +513,10 @@ class ChunkEngineV2:
     def _close_files(self) -> None:
         for fd in getattr(self, "_fds", {}).values():
             os.close(fd)
+        for fd in getattr(self, "_direct_fds", {}).values():
+            if fd >= 0:
+                os.close(fd)
+        self._direct_fds = {}
         for name in ("_journal_fd", "_retired_fd"):
             if getattr(self, name, None) is not None:
                 os.close(getattr(self, name))
@@ -1145,6 +1151,52 @@ class ChunkEngineV2:
             epoch = reader.epoch
             reader.active[epoch] = reader.active.get(epoch, 0) + 1
         return locs, epoch
+
+    def read_direct(self, fd: int, at: int, view: memoryview) -> int:
+        """Read the bytes at `at` of the data file that read_locations named `fd` with O_DIRECT (from the
+        disk into `view`, past the page cache: no new page-cache pages to fill, no copy out of them), for a
+        caller holding a read epoch of those bytes. `view` and `at` must be DIRECT_ALIGN aligned and `view`
+        a multiple of it long. Returns the bytes read (short at the file's end), or -1 where O_DIRECT is
+        not available (a file system without it, an unaligned request): read it the ordinary way then.
+
+        Dirty page-cache pages of the range are written back by the kernel before it reads (O_DIRECT reads
+        see every completed write). The O_DIRECT descriptor of each data file is opened once; the read uses
+        a duplicate taken under the engine lock, so a close meanwhile cannot hand it another file."""
+        if at % DIRECT_ALIGN or len(view) % DIRECT_ALIGN or not len(view):
+            return -1
+        with self._lock:
+            self._check_open()
+            dfd = self._direct_fds.get(fd)
+            if dfd is None:
+                key = next((k for k, f in self._fds.items() if f == fd), None)
+                if key is None:
+                    return -1
+                path = os.path.join(self._block_dir, f"c{key[0]:02d}.{key[1]:03d}")
+                try:
+                    dfd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0) | os.O_CLOEXEC)
+                except OSError as exc:  # EINVAL: no O_DIRECT on this file system
+                    log.info("target %s: no O_DIRECT reads of %s (%s); reads stay buffered", self.path, path, exc)
+                    dfd = -1
+                self._direct_fds[fd] = dfd
+            if dfd < 0:
+                return -1
+            dup = os.dup(dfd)
+        try:
+            got = 0
+            while got < len(view):
+                n = os.preadv(dup, (view[got:],), at + got)
+                if n <= 0:
+                    break
+                got += n
+                if got % DIRECT_ALIGN:  # a short read inside the file's last block: the file ends here
+                    break
+            return got
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            return -1  # an alignment O_DIRECT refuses here (e.g. a bigger logical block size)
+        finally:
+            os.close(dup)
 
     def end_reads(self, epoch: int) -> None:
         """The reads of one read_locations call are over (their blocks may be reused once freed)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
 import logging
 import os
@@ -20,7 +21,7 @@ import crc32c
 
 from threefs.cluster.mgmtd_client import MgmtdClient
 from threefs.cluster.routing import Routing
-from threefs.common.buffers import IO_BUFFER_ALIGN, Lease, align_up
+from threefs.common.buffers import IO_BUFFER_ALIGN, BufferPool, Lease, aligned_buffer, align_up
 from threefs.common.config import ServiceConfig
 from threefs.common.health import Problems
 from threefs.common.locks import KeyedLocks, outlast
@@ -34,6 +35,7 @@ from threefs.rpc.schemas import storage as ss
 from threefs.rpc.schemas.common import Empty
 from threefs.rpc.server import CallContext, rpc
 from threefs.storage.chunk_engine import ChunkEngine
+from threefs.storage.chunk_engine_v2 import DIRECT_ALIGN
 from threefs.storage.engines import open_chunk_engine, target_space
 from threefs.storage import craq
 
@@ -49,6 +51,55 @@ VERIFIED_ENTRIES_MAX = 65536
 # A read_packed of one IO covering a whole committed chunk of at least this size is sent straight from the
 # data file (os.sendfile) when the client asks for zero_copy; smaller ones are cheaper copied.
 ZERO_COPY_BYTES_MIN = 128 * 1024
+
+
+class _CacheRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _CacheStat(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in ("cache", "dirty", "writeback", "evicted", "recently_evicted")]
+
+
+_SYS_CACHESTAT = {"x86_64": 451, "aarch64": 451}.get(os.uname().machine)  # Linux 6.5+
+_cachestat = None
+
+
+def page_cache_holds(fd: int, offset: int, length: int) -> bool | None:
+    """Whether every page of bytes [offset, offset+length) of file `fd` is in the page cache (cachestat(2):
+    one syscall, no IO), or None where cachestat is not available (then callers probe with RWF_NOWAIT reads,
+    which start a readahead when they miss: pages read twice, once by it and once by the O_DIRECT read)."""
+    global _cachestat
+    if _cachestat is None:
+        if _SYS_CACHESTAT is None:
+            _cachestat = False
+        else:
+            libc = ctypes.CDLL(None, use_errno=True)  # (ctypes calls release the GIL)
+            _cachestat = libc.syscall
+    if _cachestat is False:
+        return None
+    first = offset & ~4095
+    rng, st = _CacheRange(first, offset + length - first), _CacheStat()
+    if _cachestat(_SYS_CACHESTAT, fd, ctypes.byref(rng), ctypes.byref(st), 0) != 0:
+        if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM, errno.EOPNOTSUPP):
+            _cachestat = False
+        return None
+    return st.cache >= (offset + length - first + 4095) // 4096
+
+
+class DirectBufferPool(BufferPool):
+    """BufferPool of DIRECT_ALIGN-aligned buffers (O_DIRECT reads need the buffer's address aligned).
+    Reused buffers matter here as for the ordinary pool: fresh memory costs a host fault per page."""
+
+    def acquire(self, nbytes: int) -> Lease:
+        size = self._class(nbytes)
+        free = self._free.get(size)
+        if free:
+            buf = free.pop()
+            self._pooled_bytes -= size
+        else:
+            buf = aligned_buffer(size, DIRECT_ALIGN)
+        return Lease(self, buf, nbytes)
 
 
 class FileLease(Lease):
@@ -176,6 +227,10 @@ class StorageService:
         self.scrubber = None  # set by the runner (storage.scrub.Scrubber)
         self.verified = VerifiedChunks()  # chunk versions read whole and checked (partial reads)
         self._probe = memoryview(bytearray(1))  # page-cache probes of zero-copy reads (see _zero_copy)
+        # whole cold chunks are read with O_DIRECT into these page-aligned buffers (_read_direct);
+        # THREEFS_DIRECT_READS=0 reads them buffered (to compare)
+        self.direct_pool = DirectBufferPool(bytes_max=128 << 20)
+        self.direct_reads = os.environ.get("THREEFS_DIRECT_READS", "1") != "0"
         self._tasks: set[asyncio.Task] = set()
 
     def open_targets(self) -> None:
@@ -400,6 +455,8 @@ class StorageService:
                 break
         if req.zero_copy and n == 1 and not req.allow_uncommitted:
             sent = self._zero_copy(arr, routing, ctx)
+            if sent is not None and len(sent) == 3:  # (engine, loc, epoch): not in the page cache: O_DIRECT
+                sent = await self._read_direct(*sent)
             if sent is not None:
                 if req.request_to_send:
                     try:
@@ -460,21 +517,59 @@ class StorageService:
             engine.end_reads(epoch)
             return None
         fd, base, size, ver, crc = loc
-        # Only chunks in the page cache (probed at both ends and the middle, RWF_NOWAIT): a cold chunk read by
-        # sendfile comes off the disk in 64 KiB splices behind the socket, which made cold checkpoint loads
-        # slower (0.52-0.54x against 0.64-0.66x safetensors in alternating runs); the ordinary path reads it
-        # whole in a disk thread first.
-        probe = self._probe
+        # Only chunks wholly in the page cache (page_cache_holds): a cold chunk read by sendfile comes off the
+        # disk in 64 KiB splices behind the socket, which made cold checkpoint loads slower (0.52-0.54x
+        # against 0.64-0.66x safetensors in alternating runs). A cold chunk is read with O_DIRECT into a
+        # pooled buffer instead (see _read_direct): the caller gets (engine, loc, epoch).
         try:
-            for at in (base, base + size // 2, base + size - 1):
-                if os.preadv(fd, (probe,), at, os.RWF_NOWAIT) != 1:
-                    raise BlockingIOError
-        except OSError:  # BlockingIOError: not cached; EOPNOTSUPP: no RWF_NOWAIT here
+            cached = page_cache_holds(fd, base, size)
+            if cached is None:  # no cachestat: probe both ends and the middle (they may start a readahead)
+                probe = self._probe
+                for at in (base, base + size // 2, base + size - 1):
+                    if os.preadv(fd, (probe,), at, os.RWF_NOWAIT) != 1:
+                        raise BlockingIOError
+            elif not cached:
+                raise BlockingIOError
+        except BlockingIOError:
+            if self.direct_reads and base % DIRECT_ALIGN == 0 and hasattr(engine, "read_direct"):
+                return engine, loc, epoch
+            engine.end_reads(epoch)
+            return None
+        except OSError:  # EOPNOTSUPP: no RWF_NOWAIT here
             engine.end_reads(epoch)
             return None
         results = _RESULT.pack(0, size, ver, crc, crc)
         payload = FilePayload(fd, base, size, max(1.0, ctx.remaining()))
         return ss.PackedReadRsp(results, {}), FileLease(payload, lambda: engine.end_reads(epoch))
+
+    async def _read_direct(self, engine, loc, epoch):
+        """(response, Lease) of a whole committed chunk not in the page cache, read with O_DIRECT in a disk
+        thread into a page-aligned pooled buffer (engine.read_direct), or None (then the ordinary path reads
+        it: O_DIRECT unavailable, a short read).
+
+        Why: on this kind of VM a buffered read of cold data costs 1.5-1.9 CPU-s per GB, nearly all of it in
+        the copy out of the page-cache pages the read just filled (fresh memory: the first touch of each
+        page faults in the host); O_DIRECT into a buffer used before costs 0.08-0.11 (docs/chunk-engine.md
+        "Cold reads"). The chunk does not stay in the page cache (a second read goes to the disk again).
+
+        As with sendfile, the bytes are not checked here: the result's data_crc is the chunk's write-time
+        checksum and the client checks what arrives against it (and reports a damaged copy: report_damage)."""
+        fd, base, size, ver, crc = loc
+        lease = None
+        try:
+            lease = self.direct_pool.acquire(align_up(size, DIRECT_ALIGN))
+            got = await self.disk(engine.read_direct, fd, base, lease.view)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        finally:
+            engine.end_reads(epoch)
+        if got < size:  # -1: no O_DIRECT; short: the data file ends early (the ordinary path says so)
+            lease.release()
+            return None
+        lease.view = lease.view[:size]
+        return ss.PackedReadRsp(_RESULT.pack(0, size, ver, crc, crc), {}), lease
 
     @rpc(ss.ReportDamageReq)
     async def report_damage(self, ctx: CallContext, req: ss.ReportDamageReq) -> ss.ReportDamageRsp:
