@@ -40,6 +40,7 @@ import torch  # noqa: E402
 from threefs.checkpoint import CheckpointManager  # noqa: E402
 from benchmarks.common import local_cluster  # noqa: E402
 from threefs.client.client import Client  # noqa: E402
+from threefs.testing.page_cache import drop_cache  # noqa: E402  (the storage services' chunk files, or the local file)
 
 GiB = 1 << 30
 HIDDEN, FFN, VOCAB = 2048, 5504, 32000
@@ -91,23 +92,6 @@ def touch(sd: dict) -> dict:
         if flat.numel():
             flat[::2048].view(torch.int16).sum()
     return sd
-
-
-def drop_cache(directory: str) -> None:
-    """Evict every file under directory from the page cache (posix_fadvise DONTNEED), so the next
-    read comes from the disk: for local files the checkpoint, for threefs the storage services'
-    chunk files."""
-    os.sync()
-    for top, _, files in os.walk(directory):
-        for f in files:
-            try:
-                fd = os.open(os.path.join(top, f), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def same(a: dict, b: dict) -> bool:

@@ -21,46 +21,15 @@ from threefs.client.client import Client
 from threefs.common.ids import chunk_id
 from threefs.testing.checks import replica_differences, wait_for
 from threefs.testing.chunk_files import chunk_replicas, flip_bit
+from threefs.testing.page_cache import drop_cache, why_never_cold
 
 MiB = 1 << 20
 
 
-def _drop_cache(directory) -> None:
-    os.sync()
-    for top, _, files in os.walk(directory):
-        for name in files:
-            try:
-                fd = os.open(os.path.join(top, name), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def _needs_a_disk(directory) -> None:
-    """Skip unless files under `directory` live on a disk file system that takes O_DIRECT (tmpfs holds every
-    page in memory: nothing is ever cold there, and nothing can come past its page cache)."""
-    directory = os.path.realpath(directory)
-    best, fstype = "", ""
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            mnt = parts[1].replace("\\040", " ")
-            if (directory == mnt or directory.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
-                best, fstype = mnt, parts[2]
-    if fstype in ("tmpfs", "ramfs"):
-        pytest.skip(f"{directory} is on {fstype}: no cold reads there")
-    probe = os.path.join(directory, ".o_direct_probe")
-    with open(probe, "wb") as f:
-        f.write(bytes(4096))
-    try:
-        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
-    except OSError as e:
-        pytest.skip(f"no O_DIRECT on the file system of {directory}: {e}")
-    finally:
-        os.unlink(probe)
+def needs_a_disk(directory) -> None:
+    reason = why_never_cold(directory)
+    if reason:
+        pytest.skip(reason)
 
 
 def _state(seed: int, n: int = 6) -> dict:
@@ -110,14 +79,14 @@ def test_cold_load_with_groups_in_flight(cluster, fs, d, monkeypatch):
     mgr = CheckpointManager(fs, f"{d}/ck", chunk_size=MiB)
     mgr.save(sd, step=1)
     data_dir = Path(cluster.dir, "data")
-    _needs_a_disk(data_dir)
+    needs_a_disk(data_dir)
     cids = _data_chunks(fs, mgr, 1)
     assert len(cids) >= 8
     monkeypatch.setattr(tensor_io, "READ_PIECE_BYTES", 2 * MiB)  # pieces of 2 chunks, groups of 2 pieces
     monkeypatch.setattr(tensor_io, "WHOLE_GROUP_BYTES", 4 * MiB)
     for in_flight in (1, 2, 3):
         monkeypatch.setattr(tensor_io, "WHOLE_GROUPS_IN_FLIGHT", in_flight)
-        _drop_cache(data_dir)
+        drop_cache(data_dir)
         out = mgr.load(1)
         assert _same(out, sd), f"{in_flight} groups in flight"
         assert _cached_pages(data_dir, cids) == 0, "chunks came through the page cache"
@@ -140,7 +109,7 @@ def test_cold_load_of_a_damaged_chunk_reads_the_good_replica_and_repairs(private
         for where in replicas[:2]:
             flip_bit(where, 12345)
         for _ in range(3):
-            _drop_cache(data_dir)
+            drop_cache(data_dir)
             assert _same(mgr.load(1), sd), "a damaged chunk was loaded"
         file = next(e.file for _, e in mgr.index(1).all_tensors())
         wait_for(lambda: replica_differences(fs, f"{mgr.path_of(1)}/{file}") == [], "the damaged copies repaired", 60)

@@ -21,24 +21,16 @@ from threefs.client.client import Client
 from threefs.common.ids import chunk_id
 from threefs.testing.checks import replica_differences, wait_for
 from threefs.testing.chunk_files import chunk_replicas, flip_bit
+from threefs.testing.page_cache import drop_cache, why_never_cold
 
 KiB, MiB = 1 << 10, 1 << 20
 CS = MiB
 
 
-def _drop_cache(directory) -> None:
-    """Evict every file under `directory` from the page cache (their bytes are on disk first)."""
-    os.sync()
-    for top, _, files in os.walk(directory):
-        for name in files:
-            try:
-                fd = os.open(os.path.join(top, name), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+def needs_a_disk(directory) -> None:
+    reason = why_never_cold(directory)
+    if reason:
+        pytest.skip(reason)
 
 
 def _cached_pages(where: tuple[Path, int], length: int) -> int:
@@ -54,30 +46,6 @@ def _cached_pages(where: tuple[Path, int], length: int) -> int:
         return sum(bool(page_cache_holds(fd, at, 1)) for at in range(base, base + length, 4096))
     finally:
         os.close(fd)
-
-
-def _needs_a_disk(directory) -> None:
-    """Skip unless files under `directory` live on a disk file system that takes O_DIRECT (tmpfs holds every
-    page in memory: nothing is ever cold there, and nothing can come past its page cache)."""
-    directory = os.path.realpath(directory)
-    best, fstype = "", ""
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            mnt = parts[1].replace("\\040", " ")
-            if (directory == mnt or directory.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
-                best, fstype = mnt, parts[2]
-    if fstype in ("tmpfs", "ramfs"):
-        pytest.skip(f"{directory} is on {fstype}: no cold reads there")
-    probe = os.path.join(directory, ".o_direct_probe")
-    with open(probe, "wb") as f:
-        f.write(bytes(4096))
-    try:
-        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
-    except OSError as e:
-        pytest.skip(f"no O_DIRECT on the file system of {directory}: {e}")
-    finally:
-        os.unlink(probe)
 
 
 def _read_chunks(fs, path: str, size: int, check_arrival: bool = True) -> bytes:
@@ -105,7 +73,7 @@ def direct_cluster(tmp_path_factory):
 def test_cold_whole_chunks_come_past_the_page_cache(direct_cluster, rng):
     cluster = direct_cluster
     data_dir = Path(cluster.dir, "data")
-    _needs_a_disk(data_dir)
+    needs_a_disk(data_dir)
     with Client.connect(str(cluster.client_config_path)) as fs:
         # whole chunks, a last chunk of 200 KiB + 5 bytes (not a multiple of 4 KiB), a file with holes
         data = rng.randbytes(4 * CS + 200 * KiB + 5)
@@ -119,7 +87,7 @@ def test_cold_whole_chunks_come_past_the_page_cache(direct_cluster, rng):
         chunks = [(chunk_replicas(data_dir, chunk_id(inode, k)), min(CS, len(data) - k * CS)) for k in range(5)]
         assert all(len(r) == 3 for r, _ in chunks)
         for check_arrival in (True, False):
-            _drop_cache(data_dir)
+            drop_cache(data_dir)
             assert _read_chunks(fs, "/f", len(data), check_arrival) == data
             assert _read_chunks(fs, "/sparse", len(sparse), check_arrival) == sparse
             # every replica read was direct: no page of any chunk came into the page cache
@@ -139,11 +107,11 @@ def test_direct_reads_off_reads_through_the_page_cache(private_cluster, rng, mon
     monkeypatch.setenv("THREEFS_DIRECT_READS", "0")
     cluster = private_cluster(storage=1, replicas=1)
     data_dir = Path(cluster.dir, "data")
-    _needs_a_disk(data_dir)
+    needs_a_disk(data_dir)
     with Client.connect(str(cluster.client_config_path)) as fs:
         data = rng.randbytes(2 * CS)
         fs.write_bytes("/f", data)
-        _drop_cache(data_dir)
+        drop_cache(data_dir)
         assert _read_chunks(fs, "/f", len(data)) == data
         where = chunk_replicas(data_dir, chunk_id(fs.stat("/f").inode, 0))[0]
         assert _cached_pages(where, CS) == CS // 4096
@@ -162,13 +130,13 @@ def test_damaged_cold_chunk_is_caught_and_repaired(private_cluster, rng):
         storage = fs.aio.storage
         for check_arrival in (False, True):
             for _ in range(4):
-                _drop_cache(data_dir)  # cold every time: the direct path reads the damaged bytes off the disk
+                drop_cache(data_dir)  # cold every time: the direct path reads the damaged bytes off the disk
                 assert _read_chunks(fs, "/z", len(data), check_arrival) == data, "a damaged chunk was returned"
         assert storage.damaged_reads >= 1  # caught on arrival (the server sends direct reads unchecked)
         wait_for(lambda: replica_differences(fs, "/z") == [], "the damaged copies repaired", 60)
         damaged = storage.damaged_reads
         for _ in range(3):
-            _drop_cache(data_dir)
+            drop_cache(data_dir)
             assert _read_chunks(fs, "/z", len(data), False) == data
         assert storage.damaged_reads == damaged
 
@@ -189,7 +157,7 @@ def test_short_direct_read_is_never_returned(private_cluster, rng):
         os.truncate(path, base + 8192)  # the data file now ends 8 KiB into the chunk's block
         good = errors = 0
         for _ in range(6):  # reads alternate between the two replicas
-            _drop_cache(data_dir)
+            drop_cache(data_dir)
             try:
                 assert _read_chunks(fs, "/s", len(data)) == data
                 good += 1

@@ -29,9 +29,10 @@ class BufferPool:
     Not thread-safe: use it from one event loop.
     """
 
-    def __init__(self, bytes_max: int = 256 << 20, class_min: int = 64 << 10):
+    def __init__(self, bytes_max: int = 256 << 20, class_min: int = 64 << 10, align: int = IO_BUFFER_ALIGN):
         self.bytes_max = bytes_max
         self.class_min = class_min
+        self.align = align
         self._free: dict[int, list[memoryview]] = {}
         self._pooled_bytes = 0
 
@@ -48,7 +49,7 @@ class BufferPool:
             buf = free.pop()
             self._pooled_bytes -= size
         else:
-            buf = aligned_buffer(size)
+            buf = aligned_buffer(size, self.align)
         return Lease(self, buf, nbytes)
 
     def _give_back(self, buf: memoryview) -> None:

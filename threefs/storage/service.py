@@ -21,7 +21,7 @@ import crc32c
 
 from threefs.cluster.mgmtd_client import MgmtdClient
 from threefs.cluster.routing import Routing
-from threefs.common.buffers import IO_BUFFER_ALIGN, BufferPool, Lease, aligned_buffer, align_up
+from threefs.common.buffers import IO_BUFFER_ALIGN, BufferPool, Lease, align_up
 from threefs.common.config import ServiceConfig
 from threefs.common.health import Problems
 from threefs.common.locks import KeyedLocks, outlast
@@ -85,21 +85,6 @@ def page_cache_holds(fd: int, offset: int, length: int) -> bool | None:
             _cachestat = False
         return None
     return st.cache >= (offset + length - first + 4095) // 4096
-
-
-class DirectBufferPool(BufferPool):
-    """BufferPool of DIRECT_ALIGN-aligned buffers (O_DIRECT reads need the buffer's address aligned).
-    Reused buffers matter here as for the ordinary pool: fresh memory costs a host fault per page."""
-
-    def acquire(self, nbytes: int) -> Lease:
-        size = self._class(nbytes)
-        free = self._free.get(size)
-        if free:
-            buf = free.pop()
-            self._pooled_bytes -= size
-        else:
-            buf = aligned_buffer(size, DIRECT_ALIGN)
-        return Lease(self, buf, nbytes)
 
 
 class FileLease(Lease):
@@ -229,7 +214,8 @@ class StorageService:
         self._probe = memoryview(bytearray(1))  # page-cache probes of zero-copy reads (see _zero_copy)
         # whole cold chunks are read with O_DIRECT into these page-aligned buffers (_read_direct);
         # THREEFS_DIRECT_READS=0 reads them buffered (to compare)
-        self.direct_pool = DirectBufferPool(bytes_max=128 << 20)
+        # (reused, as the ordinary pool's: fresh memory costs a host fault per page)
+        self.direct_pool = BufferPool(bytes_max=128 << 20, align=DIRECT_ALIGN)
         self.direct_reads = os.environ.get("THREEFS_DIRECT_READS", "1") != "0"
         self._tasks: set[asyncio.Task] = set()
 
