@@ -102,10 +102,10 @@ def test_cold_whole_chunks_come_past_the_page_cache(direct_cluster, rng):
         assert _read_chunks(fs, "/f", len(data)) == data
 
 
-def test_direct_reads_off_reads_through_the_page_cache(private_cluster, rng, monkeypatch):
-    # the control of the test above: with THREEFS_DIRECT_READS=0 the same cold read caches the pages
-    monkeypatch.setenv("THREEFS_DIRECT_READS", "0")
-    cluster = private_cluster(storage=1, replicas=1)
+def test_direct_reads_off_reads_through_the_page_cache(private_cluster, rng):
+    # the control of the test above: with direct_reads = false in storage's config the same cold read
+    # caches the pages
+    cluster = private_cluster(storage=1, replicas=1, direct_reads=False)
     data_dir = Path(cluster.dir, "data")
     needs_a_disk(data_dir)
     with Client.connect(str(cluster.client_config_path)) as fs:

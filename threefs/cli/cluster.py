@@ -53,6 +53,7 @@ class ClusterSpec(msgspec.Struct, kw_only=True):
     kvcache_port: int = 0
     chunk_engine: str = ""  # storage targets' chunk engine ("" = default, storage/engines.py)
     write_cache: bool = True  # storage: False = chunk data written with RWF_DONTCACHE (ServiceConfig.write_cache)
+    direct_reads: bool = True  # storage: False = cold whole chunks read buffered (ServiceConfig.direct_reads)
 
     def mgmtd_addrs(self) -> list[str]:
         return [f"{self.host}:{p}" for p in (self.mgmtd_ports or [self.mgmtd_port])]
@@ -129,7 +130,8 @@ class LocalCluster:
                        for slot in range(1, slots + 1)]
             configs.append(ServiceConfig(type="storage", name=f"storage-{i}", node_id=node, port=port,
                                          targets=targets, failure_domain=f"storage-{i}",
-                                         chunk_engine=spec.chunk_engine, write_cache=spec.write_cache, **common))
+                                         chunk_engine=spec.chunk_engine, write_cache=spec.write_cache,
+                                         direct_reads=spec.direct_reads, **common))
         if spec.kvcache:
             configs.append(ServiceConfig(type="kvcache", name="kvcache-1", node_id=200, port=spec.kvcache_port,
                                          kv=str(self.dir / "kvcache" / "index.db"), **common))

@@ -213,10 +213,10 @@ class StorageService:
         self.verified = VerifiedChunks()  # chunk versions read whole and checked (partial reads)
         self._probe = memoryview(bytearray(1))  # page-cache probes of zero-copy reads (see _zero_copy)
         # whole cold chunks are read with O_DIRECT into these page-aligned buffers (_read_direct);
-        # THREEFS_DIRECT_READS=0 reads them buffered (to compare)
+        # config.direct_reads = false (or THREEFS_DIRECT_READS=0 in the environment, to compare) reads them buffered
         # (reused, as the ordinary pool's: fresh memory costs a host fault per page)
         self.direct_pool = BufferPool(bytes_max=128 << 20, align=DIRECT_ALIGN)
-        self.direct_reads = os.environ.get("THREEFS_DIRECT_READS", "1") != "0"
+        self.direct_reads = self.config.direct_reads and os.environ.get("THREEFS_DIRECT_READS", "1") != "0"
         self._tasks: set[asyncio.Task] = set()
 
     def open_targets(self) -> None:
