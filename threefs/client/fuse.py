@@ -313,8 +313,8 @@ class ThreeFSOperations(pyfuse3.Operations):
 
     @fuse_errors
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
-        if flags & pyfuse3.RENAME_EXCHANGE:
-            raise pyfuse3.FUSEError(errno.EINVAL)  # meta has no atomic exchange
+        if flags & ~pyfuse3.RENAME_NOREPLACE:  # RENAME_EXCHANGE, RENAME_WHITEOUT: not done silently
+            raise pyfuse3.FUSEError(errno.EINVAL)  # meta has no atomic exchange nor whiteout devices
         await self.end_deferred()
         await self.ns.rename(parent_inode_old, decode(name_old), parent_inode_new, decode(name_new),
                              bool(flags & pyfuse3.RENAME_NOREPLACE), self.ns.user(ctx))
