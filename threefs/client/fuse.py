@@ -53,6 +53,7 @@ TYPE_BITS = {m.FILE: stat.S_IFREG, m.DIRECTORY: stat.S_IFDIR, m.SYMLINK: stat.S_
 SPECIAL_OF_BITS = {stat.S_IFIFO: m.FIFO, stat.S_IFCHR: m.CHARDEV, stat.S_IFBLK: m.BLOCKDEV,
                    stat.S_IFSOCK: m.SOCKET}
 OPEN_FLAGS_PASSED = os.O_ACCMODE | os.O_CREAT | os.O_EXCL | os.O_TRUNC | os.O_APPEND
+DOT_ENTRIES = 2  # a listing starts with '.' and '..' (DirHandle.entries)
 READDIR_LOOKUP_BATCH = limits.BATCH_STAT_MAX  # entries whose attributes one meta call fetches (a readdir page)
 STATFS_BLOCK_BYTES = 4096
 READ_POOL_BYTES_MAX = 64 * limits.MiB  # reply buffers kept for reuse (fresh pages fault per 4 KiB)
@@ -108,7 +109,10 @@ class DirHandle:
 
     ino: int
     user: m.UserCred | None
-    entries: list[m.DirEntry] = field(default_factory=list)
+    # '.' and '..' first (as every Linux file system lists them; their attributes come with the first
+    # batch like any entry's; the kernel takes no reference to them), then the pages meta returns
+    entries: list[m.DirEntry] = field(default_factory=lambda: [m.DirEntry(".", 0, m.DIRECTORY),
+                                                               m.DirEntry("..", 0, m.DIRECTORY)])
     more: bool = True
     attrs: dict[int, m.InodeAttr | None] = field(default_factory=dict)  # index -> attr
 
@@ -309,8 +313,8 @@ class ThreeFSOperations(pyfuse3.Operations):
 
     @fuse_errors
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
-        if flags & pyfuse3.RENAME_EXCHANGE:
-            raise pyfuse3.FUSEError(errno.EINVAL)  # meta has no atomic exchange
+        if flags & ~pyfuse3.RENAME_NOREPLACE:  # RENAME_EXCHANGE, RENAME_WHITEOUT: not done silently
+            raise pyfuse3.FUSEError(errno.EINVAL)  # meta has no atomic exchange nor whiteout devices
         await self.end_deferred()
         await self.ns.rename(parent_inode_old, decode(name_old), parent_inode_new, decode(name_new),
                              bool(flags & pyfuse3.RENAME_NOREPLACE), self.ns.user(ctx))
@@ -403,10 +407,10 @@ class ThreeFSOperations(pyfuse3.Operations):
         d = self._dirs[fh]
         i = start_id
         while True:
-            if i >= len(d.entries):
+            if i >= len(d.entries) or (d.more and len(d.entries) == DOT_ENTRIES):  # dots + 1st page: 1 batch
                 if not d.more:
                     return
-                after = d.entries[-1].name if d.entries else ""
+                after = d.entries[-1].name if len(d.entries) > DOT_ENTRIES else ""
                 page, d.more = await self.ns.readdir_page(d.ino, after, d.user)
                 d.entries.extend(page)
                 continue
@@ -416,7 +420,8 @@ class ThreeFSOperations(pyfuse3.Operations):
             if attr is not None:  # None: removed since the listing
                 if not pyfuse3.readdir_reply(token, os.fsencode(d.entries[i].name), self.entry(attr), i + 1):
                     return
-                self.ns.remember(to_fuse(attr.inode))
+                if i >= DOT_ENTRIES:
+                    self.ns.remember(to_fuse(attr.inode))
             i += 1
 
     async def _dir_attrs(self, d: DirHandle, first: int) -> None:
