@@ -110,7 +110,7 @@ async def init_root(tr: Transaction, default_layout: Layout, now_ns: int) -> boo
     it, the other retries and finds it. Returns whether this call created it."""
     if await tr.get(schema.inode_key(ROOT_INODE)) is not None:
         return False
-    root = new_inode(DIRECTORY, 0o755, now_ns, layout=default_layout, parent=ROOT_INODE)
+    root = new_inode(DIRECTORY, 0o755, now_ns, layout=default_layout, parent=ROOT_INODE, subdirs=0)
     put_inode(tr, ROOT_INODE, root)
     return True
 
@@ -127,11 +127,12 @@ async def make_dir(
     inode_id = env.take_inode()
     uid, gid, mode = new_owner(env.user, schema.acl_of(parent), mode & PERMISSION_BITS, True)
     inode = new_inode(DIRECTORY, mode, env.now_ns, uid, gid, layout=layout, parent=parent_id,
-                      name=encode_name(name))
+                      name=encode_name(name), subdirs=0)
     put_inode(tr, inode_id, inode)
     dentry = schema.dir_dentry(inode_id, inode)
     dentry.creator = env.token
     put_dentry(tr, parent_id, name, dentry)
+    schema.count_subdir(parent, +1)
     touch_dir(tr, parent_id, parent, env.now_ns)
     return inode_id, inode
 

@@ -119,6 +119,7 @@ async def rmdir(tr: Transaction, parsed: ParsedPath, user: UserCred, now_ns: int
         raise status_error(StatusCode.NOT_EMPTY, f"directory not empty: {walker.path}")
     tr.clear(schema.dentry_key(entry.dir_id, entry.name))
     drop_inode(tr, entry.dentry.inode)
+    schema.count_subdir(parent, -1)
     await _touch(tr, {entry.dir_id: parent}, now_ns)
 
 
@@ -139,6 +140,7 @@ async def remove(tr: Transaction, parsed: ParsedPath, recursive: bool, user: Use
     tree = await walker.load(inode_id)
     hand_to_gc(tr, inode_id, tree, now_ns)
     tr.clear(schema.dentry_key(entry.dir_id, entry.name))
+    schema.count_subdir(parent, -1)
     await _touch(tr, {entry.dir_id: parent}, now_ns)
     return True
 
@@ -258,6 +260,11 @@ async def rename(
     put_dentry(tr, target.dir_id, target.name, source.dentry)
     if replaced is not None:
         release_inode(tr, target.dentry.inode, replaced, now_ns)
+    if moving_dir:  # the subdirectory counts (one record when both are the same directory)
+        schema.count_subdir(parents[source.dir_id], -1)
+        schema.count_subdir(parents[target.dir_id], +1)
+    if replaces_dir:
+        schema.count_subdir(parents[target.dir_id], -1)
     put_inode(tr, source.dentry.inode, moved)
     await _touch(tr, parents, now_ns)
 

@@ -70,7 +70,7 @@ class Inode(msgspec.Struct, omit_defaults=True):
     mode: int  # permission bits only (no S_IF* type bits)
     uid: int
     gid: int
-    nlink: int  # files: number of dentries; directories: 1 ("unknown", as btrfs), 0 once handed to GC
+    nlink: int  # files: number of dentries; directories: 1, 0 once handed to GC (their st_nlink: see subdirs)
     atime_ns: int
     mtime_ns: int
     ctime_ns: int
@@ -81,6 +81,10 @@ class Inode(msgspec.Struct, omit_defaults=True):
     name: bytes = b""  # directories: the name in the parent (raw bytes, may be non-UTF-8), to find the dentry
     symlink_target: str = ""
     rdev: int = 0  # character and block devices: the device number
+    # directories: how many subdirectories it holds, kept by mkdir, rmdir, rename and remove, so that a
+    # directory's st_nlink is 2 + subdirs as on ext4 ('.', its name, each child's '..'). -1 = not counted:
+    # directories stored before the count existed (their st_nlink stays 1, "unknown", as btrfs answers).
+    subdirs: int = -1
 
 
 class Dentry(msgspec.Struct, omit_defaults=True):
@@ -287,6 +291,20 @@ def decode_counter(raw: bytes) -> int:
     return _BE64.unpack(raw)[0]
 
 
+def dir_nlink(directory: Inode) -> int:
+    """A directory's st_nlink: 2 + its subdirectories where they are counted, 1 where not (a directory from
+    before the count), 0 once handed to GC."""
+    if directory.nlink == 0 or directory.subdirs < 0:
+        return directory.nlink
+    return 2 + directory.subdirs
+
+
+def count_subdir(directory: Inode, delta: int) -> None:
+    """A subdirectory was added to (+1) or taken from (-1) `directory` (whose record the caller writes)."""
+    if directory.subdirs >= 0:
+        directory.subdirs = max(0, directory.subdirs + delta)
+
+
 def to_attr(inode_id: int, inode: Inode) -> InodeAttr:
     """The wire view of a stored inode."""
     return InodeAttr(
@@ -295,7 +313,7 @@ def to_attr(inode_id: int, inode: Inode) -> InodeAttr:
         mode=inode.mode,
         uid=inode.uid,
         gid=inode.gid,
-        nlink=inode.nlink,
+        nlink=dir_nlink(inode) if inode.type == DIRECTORY else inode.nlink,
         length=inode.length,
         atime_ns=inode.atime_ns,
         mtime_ns=inode.mtime_ns,
