@@ -228,8 +228,9 @@ def _describe(s: os.stat_result) -> dict:
     fmt = stat.S_IFMT(s.st_mode)
     d = {"type": fmt, "mode": oct(stat.S_IMODE(s.st_mode)), "uid": s.st_uid, "gid": s.st_gid,
          "rdev": s.st_rdev}
-    if fmt != stat.S_IFDIR:  # a directory's size and link count are the file system's own business
-        d["nlink"], d["size"] = s.st_nlink, s.st_size
+    d["nlink"] = s.st_nlink  # a directory's: 2 + its subdirectories on both
+    if fmt != stat.S_IFDIR:  # a directory's size is the file system's own business
+        d["size"] = s.st_size
     return d
 
 
