@@ -17,7 +17,7 @@ from threefs.common.layout import Layout
 from threefs.common.status import StatusCode, status_error
 from threefs.kv import Transaction
 from threefs.meta import schema
-from threefs.meta.ops_resolve import Entry, Walker, load_dir, put_dentry, put_inode, touch_dir
+from threefs.meta.ops_resolve import Entry, Walker, count_subdir, load_dir, put_dentry, put_inode, touch_dir
 from threefs.meta.paths import Last, ParsedPath, display, encode_name
 from threefs.meta.schema import (BLOCKDEV, CHARDEV, DIRECTORY, FILE, SPECIAL_TYPES, SYMLINK, Dentry, Inode,
                                  WriteSession)
@@ -110,7 +110,7 @@ async def init_root(tr: Transaction, default_layout: Layout, now_ns: int) -> boo
     it, the other retries and finds it. Returns whether this call created it."""
     if await tr.get(schema.inode_key(ROOT_INODE)) is not None:
         return False
-    root = new_inode(DIRECTORY, 0o755, now_ns, layout=default_layout, parent=ROOT_INODE, subdirs=0)
+    root = new_inode(DIRECTORY, 0o755, now_ns, layout=default_layout, parent=ROOT_INODE)
     put_inode(tr, ROOT_INODE, root)
     return True
 
@@ -132,7 +132,7 @@ async def make_dir(
     dentry = schema.dir_dentry(inode_id, inode)
     dentry.creator = env.token
     put_dentry(tr, parent_id, name, dentry)
-    schema.count_subdir(parent, +1)
+    await count_subdir(tr, parent_id, parent, +1)
     touch_dir(tr, parent_id, parent, env.now_ns)
     return inode_id, inode
 

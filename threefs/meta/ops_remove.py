@@ -17,8 +17,8 @@ from threefs.common.status import StatusCode, status_error
 from threefs.kv import Transaction
 from threefs.meta import schema
 from threefs.meta.ops_create import require_name
-from threefs.meta.ops_resolve import (Entry, Walker, drop_inode, is_empty_dir, load_dir, put_dentry,
-                                      put_inode, touch_dir)
+from threefs.meta.ops_resolve import (Entry, Walker, count_subdir, drop_inode, is_empty_dir, load_dir,
+                                      put_dentry, put_inode, touch_dir)
 from threefs.meta.paths import Last, ParsedPath, display, encode_name
 from threefs.meta.schema import DIRECTORY, FILE, GcEntry, Inode
 from threefs.meta.users import R, W, X, Acl, require, require_sticky
@@ -119,7 +119,7 @@ async def rmdir(tr: Transaction, parsed: ParsedPath, user: UserCred, now_ns: int
         raise status_error(StatusCode.NOT_EMPTY, f"directory not empty: {walker.path}")
     tr.clear(schema.dentry_key(entry.dir_id, entry.name))
     drop_inode(tr, entry.dentry.inode)
-    schema.count_subdir(parent, -1)
+    await count_subdir(tr, entry.dir_id, parent, -1)
     await _touch(tr, {entry.dir_id: parent}, now_ns)
 
 
@@ -140,7 +140,7 @@ async def remove(tr: Transaction, parsed: ParsedPath, recursive: bool, user: Use
     tree = await walker.load(inode_id)
     hand_to_gc(tr, inode_id, tree, now_ns)
     tr.clear(schema.dentry_key(entry.dir_id, entry.name))
-    schema.count_subdir(parent, -1)
+    await count_subdir(tr, entry.dir_id, parent, -1)
     await _touch(tr, {entry.dir_id: parent}, now_ns)
     return True
 
@@ -260,11 +260,11 @@ async def rename(
     put_dentry(tr, target.dir_id, target.name, source.dentry)
     if replaced is not None:
         release_inode(tr, target.dentry.inode, replaced, now_ns)
-    if moving_dir:  # the subdirectory counts (one record when both are the same directory)
-        schema.count_subdir(parents[source.dir_id], -1)
-        schema.count_subdir(parents[target.dir_id], +1)
+    if moving_dir and source.dir_id != target.dir_id:  # the subdirectory counts
+        await count_subdir(tr, source.dir_id, parents[source.dir_id], -1)
+        await count_subdir(tr, target.dir_id, parents[target.dir_id], +1)
     if replaces_dir:
-        schema.count_subdir(parents[target.dir_id], -1)
+        await count_subdir(tr, target.dir_id, parents[target.dir_id], -1)
     put_inode(tr, source.dentry.inode, moved)
     await _touch(tr, parents, now_ns)
 

@@ -240,6 +240,22 @@ async def load_dir(tr: Transaction, dir_id: int) -> Inode:
     return inode
 
 
+async def count_subdir(tr: Transaction, dir_id: int, directory: Inode, delta: int) -> None:
+    """A subdirectory was added to (+1) or taken from (-1) `directory`, whose record the caller writes. The
+    record is rewritten from a snapshot read by every entry change beside it (the concurrency rule in
+    schema.py), which would undo a concurrent count: so the directory's dentry is written too (its bytes
+    unchanged), and the entry changes that read it with conflict tracking retry instead. The root has no
+    dentry and is not counted (subdirs -1), nor are directories from before the count."""
+    if directory.subdirs < 0 or dir_id == ROOT_INODE:
+        return
+    directory.subdirs = max(0, directory.subdirs + delta)
+    key = schema.dentry_key(directory.parent, directory.name)
+    raw = await tr.get(key)
+    if raw is None:
+        raise status_error(StatusCode.INTERNAL, f"directory {dir_id} has no dentry in {directory.parent}")
+    tr.set(key, raw)
+
+
 def touch_dir(tr: Transaction, dir_id: int, inode: Inode, now_ns: int) -> None:
     """Move a directory's mtime/ctime after an entry was added or removed. Times only move forward, so a
     server with a slow clock cannot rewind them."""

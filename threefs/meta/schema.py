@@ -83,7 +83,9 @@ class Inode(msgspec.Struct, omit_defaults=True):
     rdev: int = 0  # character and block devices: the device number
     # directories: how many subdirectories it holds, kept by mkdir, rmdir, rename and remove, so that a
     # directory's st_nlink is 2 + subdirs as on ext4 ('.', its name, each child's '..'). -1 = not counted:
-    # directories stored before the count existed (their st_nlink stays 1, "unknown", as btrfs answers).
+    # directories stored before the count existed and the root (it has no dentry, see the concurrency rule
+    # above); their st_nlink stays 1 ("unknown", as btrfs answers). A change of the count is a change of
+    # the directory's other fields: its dentry is rewritten with it (ops_resolve.count_subdir).
     subdirs: int = -1
 
 
@@ -297,12 +299,6 @@ def dir_nlink(directory: Inode) -> int:
     if directory.nlink == 0 or directory.subdirs < 0:
         return directory.nlink
     return 2 + directory.subdirs
-
-
-def count_subdir(directory: Inode, delta: int) -> None:
-    """A subdirectory was added to (+1) or taken from (-1) `directory` (whose record the caller writes)."""
-    if directory.subdirs >= 0:
-        directory.subdirs = max(0, directory.subdirs + delta)
 
 
 def to_attr(inode_id: int, inode: Inode) -> InodeAttr:
