@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 import torch
 
 from threefs.checkpoint import CheckpointManager, tensor_io
@@ -21,15 +19,9 @@ from threefs.client.client import Client
 from threefs.common.ids import chunk_id
 from threefs.testing.checks import replica_differences, wait_for
 from threefs.testing.chunk_files import chunk_replicas, flip_bit
-from threefs.testing.page_cache import drop_cache, why_never_cold
+from threefs.testing.page_cache import drop_cache, skip_unless_cold_reads
 
 MiB = 1 << 20
-
-
-def needs_a_disk(directory) -> None:
-    reason = why_never_cold(directory)
-    if reason:
-        pytest.skip(reason)
 
 
 def _state(seed: int, n: int = 6) -> dict:
@@ -79,7 +71,7 @@ def test_cold_load_with_groups_in_flight(cluster, fs, d, monkeypatch):
     mgr = CheckpointManager(fs, f"{d}/ck", chunk_size=MiB)
     mgr.save(sd, step=1)
     data_dir = Path(cluster.dir, "data")
-    needs_a_disk(data_dir)
+    skip_unless_cold_reads(data_dir)
     cids = _data_chunks(fs, mgr, 1)
     assert len(cids) >= 8
     monkeypatch.setattr(tensor_io, "READ_PIECE_BYTES", 2 * MiB)  # pieces of 2 chunks, groups of 2 pieces

@@ -21,16 +21,10 @@ from threefs.client.client import Client
 from threefs.common.ids import chunk_id
 from threefs.testing.checks import replica_differences, wait_for
 from threefs.testing.chunk_files import chunk_replicas, flip_bit
-from threefs.testing.page_cache import drop_cache, why_never_cold
+from threefs.testing.page_cache import drop_cache, skip_unless_cold_reads
 
 KiB, MiB = 1 << 10, 1 << 20
 CS = MiB
-
-
-def needs_a_disk(directory) -> None:
-    reason = why_never_cold(directory)
-    if reason:
-        pytest.skip(reason)
 
 
 def _cached_pages(where: tuple[Path, int], length: int) -> int:
@@ -73,7 +67,7 @@ def direct_cluster(tmp_path_factory):
 def test_cold_whole_chunks_come_past_the_page_cache(direct_cluster, rng):
     cluster = direct_cluster
     data_dir = Path(cluster.dir, "data")
-    needs_a_disk(data_dir)
+    skip_unless_cold_reads(data_dir)
     with Client.connect(str(cluster.client_config_path)) as fs:
         # whole chunks, a last chunk of 200 KiB + 5 bytes (not a multiple of 4 KiB), a file with holes
         data = rng.randbytes(4 * CS + 200 * KiB + 5)
@@ -107,7 +101,7 @@ def test_direct_reads_off_reads_through_the_page_cache(private_cluster, rng):
     # caches the pages
     cluster = private_cluster(storage=1, replicas=1, direct_reads=False)
     data_dir = Path(cluster.dir, "data")
-    needs_a_disk(data_dir)
+    skip_unless_cold_reads(data_dir)
     with Client.connect(str(cluster.client_config_path)) as fs:
         data = rng.randbytes(2 * CS)
         fs.write_bytes("/f", data)

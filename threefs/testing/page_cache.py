@@ -45,3 +45,12 @@ def why_never_cold(directory: str | os.PathLike) -> str | None:
     finally:
         os.unlink(probe)
     return None
+
+
+def skip_unless_cold_reads(directory: str | os.PathLike) -> None:
+    """pytest.skip, with why_never_cold's reason, where files under `directory` can never be read cold."""
+    reason = why_never_cold(directory)
+    if reason:
+        import pytest
+
+        pytest.skip(reason)
