@@ -18,7 +18,11 @@ back (checked equal once; a load is timed until one byte of every page of every 
 read, so loaders that map the file pay for reading it too); seconds and GB/s (10^9 B/s) are printed per method, and the ratios the
 issue names: threefs load / safetensors load (goal >= 1.0), threefs save / torch.save (goal >= 2.0).
 Loads are timed twice: warm (local files and threefs chunk files in the page cache, as they are
-right after the save) and cold (both evicted with posix_fadvise first, so both read the disk).
+right after the save) and cold (both evicted with posix_fadvise first, so both read the disk). Both run in
+this process, so a cold load gets back memory the warm load before it freed (malloc keeps it; no new pages
+to fault in and zero). With --fresh-process, safetensors' and CheckpointManager's cold loads are also
+timed in a new process each (as a job restarting from its checkpoint loads it: every destination page is
+new memory), timed from the load call (after imports and connecting) until every page was touched.
 Local writes are not fsynced, nor are threefs's (storage fsync=false, its default). With R replicas threefs writes R copies on this one disk.
 The machine is shared and noisy: compare ratios within one run.
 """
@@ -136,7 +140,7 @@ def methods(fs: Client, local: str, root: str, sd: dict, mnt: str | None):
          lambda: dcp_load(ThreeFSStorageReader(f"{root}/dcp", fs))),
     ] + ([("torch.save / torch.load on the threefs FUSE mount",
            lambda: torch.save(sd, f"{mnt}{root}/model.pt"),
-           lambda: torch.load(f"{mnt}{root}/model.pt", weights_only=True))] if mnt else []), mgr
+           lambda: torch.load(f"{mnt}{root}/model.pt", weights_only=True))] if mnt else []), mgr, state
 
 
 def cpu_seconds(pid: int) -> float:
@@ -174,15 +178,39 @@ class Profile:
             spy.wait(timeout=60)
 
 
+def child_load(kind: str, where: str, step: int, config: str) -> None:
+    """--child-load: one cold load in this new process; prints its seconds (load call to last page)."""
+    if kind == "safetensors":
+        import safetensors.torch as st
+
+        t, _ = timed(lambda: touch(st.load_file(where)))
+    else:
+        with Client.connect(config) as fs:
+            mgr = CheckpointManager(fs, where, keep_last=1)
+            t, _ = timed(lambda: touch(mgr.load(step)))
+            mgr.close()
+    print(f"CHILD_SECONDS {t:.6f}")
+
+
+def fresh_process_cold(kind: str, where: str, step: int, config: str, evict: str) -> float:
+    import subprocess
+
+    drop_cache(evict)
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child-load", kind, where, str(step), config],
+                         capture_output=True, text=True, check=True).stdout
+    return float(next(line.split()[1] for line in out.splitlines() if line.startswith("CHILD_SECONDS")))
+
+
 def run_size(fs: Client, tmp: str, cluster_dir: str, gib: float, rounds: int, mnt: str | None,
-             words: list[str] | None = None, profile: str | None = None, pids: dict | None = None) -> dict:
+             words: list[str] | None = None, profile: str | None = None, pids: dict | None = None,
+             fresh: bool = False, config: str = "") -> dict:
     sd = transformer_state(int(gib * GiB))
     nbytes = state_bytes(sd)
     local = os.path.join(tmp, f"local-{gib}")
     os.makedirs(local, exist_ok=True)
     root = f"/bench-ckpt-{gib}"
     fs.mkdir(root, exist_ok=True)
-    table, mgr = methods(fs, local, root, sd, mnt)
+    table, mgr, state = methods(fs, local, root, sd, mnt)
     if words:
         table = [m for m in table if any(w in m[0] for w in words)]
     best: dict[str, list[float]] = {}
@@ -206,6 +234,14 @@ def run_size(fs: Client, tmp: str, cluster_dir: str, gib: float, rounds: int, mn
             del out
             prev = best.get(name, [float("inf")] * 3)
             best[name] = [min(prev[0], ts), min(prev[1], tl), min(prev[2], tc)]
+    fresh_best: dict[str, float] = {}
+    if fresh and "threefs CheckpointManager" in best and "safetensors save_file / load_file (local disk)" in best:
+        cases = [("safetensors", f"{local}/model.safetensors", local),
+                 ("threefs CheckpointManager", f"{root}/mgr", cluster_dir)]
+        for r in range(rounds):
+            for name, where, evict in (cases if r % 2 == 0 else cases[::-1]):
+                t = fresh_process_cold(name, where, state["step"], config, evict)
+                fresh_best[name] = min(fresh_best.get(name, float("inf")), t)
     # async save: how long the training loop is blocked (the snapshot), and the whole save
     t_block, fut = timed(lambda: mgr.async_save(sd, step=10_000_000))
     t_all, _ = timed(fut.result)
@@ -222,6 +258,10 @@ def run_size(fs: Client, tmp: str, cluster_dir: str, gib: float, rounds: int, mn
     if m and s:
         print(f"ratio threefs load / safetensors load, warm: {s[1] / m[1]:.2f}x, cold: {s[2] / m[2]:.2f}x "
               "(goal >= 1.0; warm safetensors maps the page cache and copies nothing)")
+    if fresh_best:
+        a, b = fresh_best["safetensors"], fresh_best["threefs CheckpointManager"]
+        print(f"cold load in a fresh process (best of {rounds}): safetensors {a:.2f} s = {nbytes / a / 1e9:.2f} GB/s, "
+              f"threefs CheckpointManager {b:.2f} s = {nbytes / b / 1e9:.2f} GB/s; ratio {a / b:.2f}x (goal >= 1.0)")
     if m and t:
         print(f"ratio threefs save / torch.save:      {t[0] / m[0]:.2f}x (goal >= 2.0)")
         print(f"ratio threefs async_save blocking / torch.save: {t[0] / t_block:.2f}x faster")
@@ -243,7 +283,13 @@ def main() -> None:
                     "reads whole cold chunks with O_DIRECT (1, the default) or buffered (0); THREEFS_DIRECT_READS")
     ap.add_argument("--methods", default="", help="comma-separated words: keep methods whose name has one")
     ap.add_argument("--profile", default=None, help="directory for py-spy stacks of the cold CheckpointManager load")
+    ap.add_argument("--fresh-process", action="store_true",
+                    help="also time safetensors' and CheckpointManager's cold loads in a new process each")
+    ap.add_argument("--child-load", nargs=4, metavar=("KIND", "WHERE", "STEP", "CONFIG"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child_load:
+        kind, where, step, config = args.child_load
+        return child_load(kind, where, int(step), config)
     words = [w for w in args.methods.split(",") if w] or None
     runs = [(e, r) for e in args.engines.split(",") for r in args.direct_reads.split(",")]
     for engine, direct in runs:
@@ -264,7 +310,8 @@ def main() -> None:
                     for gib in args.gib:
                         prof = (os.path.join(args.profile, f"{engine or 'default'}{direct and '-direct' + direct}-{gib}")
                                 if args.profile else None)
-                        run_size(fs, tmp, str(cluster.dir), gib, args.rounds, mnt, words, prof, pids)
+                        run_size(fs, tmp, str(cluster.dir), gib, args.rounds, mnt, words, prof, pids,
+                                 args.fresh_process, str(cluster.client_config_path))
                 print(f"load average after: {os.getloadavg()[0]:.1f}")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
