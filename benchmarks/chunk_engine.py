@@ -14,6 +14,8 @@ Rows (1 MiB chunks unless said):
   * 64 KiB writes into 1 MiB chunks at random 64 KiB-aligned offsets, write + commit, IOPS;
   * start-up: reopen the target (v1 replays its log, v2 opens SQLite), seconds;
   * with --open-chunks N: a v2 target of N chunks of 512 B (bulk-loaded with engine.batch()) reopened.
+Column "v1 no fd cache": v1 as it was when issue 16 was filed, opening and closing the version file for
+every read (its descriptor cache, added since, set to 0 entries); the v2/v1 ratio is against today's v1.
 Each metric is sampled --rounds times with the order of local file / v1 / v2 rotating, and the medians are
 printed: the machine is shared and its load drifts; compare ratios within one run.
 """
@@ -32,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from threefs.storage.chunk_engine import ChunkEngine  # noqa: E402
 from threefs.storage.chunk_engine_v2 import ChunkEngineV2  # noqa: E402
+from threefs.storage.version_files import FdCache  # noqa: E402
 
 MiB = 1 << 20
 CHUNK = MiB
@@ -239,7 +242,9 @@ def main() -> None:
     args = ap.parse_args()
     payload = os.urandom(CHUNK)
     with tempfile.TemporaryDirectory(prefix="threefs-engine-bench-", dir=args.dir) as tmp:
-        engines = {"v1": ChunkEngine(os.path.join(tmp, "v1")), "v2": ChunkEngineV2(os.path.join(tmp, "v2"))}
+        engines = {"v1": ChunkEngine(os.path.join(tmp, "v1")), "v2": ChunkEngineV2(os.path.join(tmp, "v2")),
+                   "v1 no fd cache": ChunkEngine(os.path.join(tmp, "v1-nocache"))}
+        engines["v1 no fd cache"]._files.fds = FdCache(0)  # open + pread + close per read, as v1 was
         try:
             runners = {"local file": LocalFile(os.path.join(tmp, "local.bin"), args.mib, payload, 1),
                        **{n: EngineRunner(e, args.mib, payload, 1) for n, e in engines.items()}}
@@ -251,10 +256,11 @@ def main() -> None:
         loadavg = open("/proc/loadavg").read().split()[:3]
         print(f"{args.mib} x 1 MiB chunks per engine, medians of {args.rounds} rounds (order rotating); "
               f"load average {' '.join(loadavg)}")
-        print(f"{'metric':<32} {'local file':>11} {'v1':>11} {'v2':>11} {'v2/v1':>7} {'v2/file':>8}")
+        print(f"{'metric':<32} {'local file':>11} {'v1':>11} {'v2':>11} {'v2/v1':>7} {'v2/file':>8} "
+              f"{'v1 no fd cache':>15} {'v2/it':>7}")
         for key, per in results.items():
-            ref, a, b = per["local file"], per["v1"], per["v2"]
-            print(f"{key:<32} {ref:11.2f} {a:11.2f} {b:11.2f} {b / a:6.2f}x {b / ref:7.2f}x")
+            ref, a, b, c = per["local file"], per["v1"], per["v2"], per["v1 no fd cache"]
+            print(f"{key:<32} {ref:11.2f} {a:11.2f} {b:11.2f} {b / a:6.2f}x {b / ref:7.2f}x {c:15.2f} {b / c:6.2f}x")
         print(f"{'start-up (s), this target':<32} {'':>11} {starts['v1']:11.3f} {starts['v2']:11.3f} "
               f"{starts['v1'] / starts['v2']:6.2f}x faster")
         if args.open_chunks:
