@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
@@ -38,6 +39,7 @@ class AsyncClient:
         self._meta_request_ids = itertools.count(1)
         self.acting_user: m.UserCred | None = None
         self._keepalive: asyncio.Task | None = None
+        self.meta_calls = collections.Counter()  # per method (the FUSE daemon logs them)
         self._chain_cache: dict = {}  # (routing version, layout) -> chain per stripe position
 
     async def start(self) -> "AsyncClient":
@@ -57,6 +59,7 @@ class AsyncClient:
     # -- meta ------------------------------------------------------------------------------------
     async def meta_call(self, method: str, req, rsp_type):
         """Call any live meta server (they are stateless); fail over when one does not answer."""
+        self.meta_calls[method] += 1
         routing = await self.mgmtd.get()
         servers = routing.nodes_of_type(META)
         if not servers:

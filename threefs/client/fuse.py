@@ -118,10 +118,13 @@ class DirHandle:
 
 
 def fuse_errors(fn):
-    """Report every failure to the kernel as an errno (pyfuse3 accepts only FUSEError)."""
+    """Report every failure to the kernel as an errno (pyfuse3 accepts only FUSEError); count the kernel's
+    requests per operation (`ThreeFSOperations.requests`, logged with the statistics)."""
+    name = fn.__name__
 
     @functools.wraps(fn)
     async def wrapper(*args, **kwargs):
+        args[0].requests[name] += 1
         try:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
@@ -166,6 +169,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         self.dir_cache = False  # the kernel caches listings (set when fuse_fallocate.install_dir_cache took)
         self._listed: dict[int, tuple] = {}  # fuse ino of a directory -> (mtime, ctime) at its last opendir
         self.stats = collections.Counter()  # logged at unmount
+        self.requests = collections.Counter()  # kernel requests per operation (fuse_errors), logged too
 
     def init(self) -> None:
         self.initialized.set()
@@ -430,6 +434,7 @@ class ThreeFSOperations(pyfuse3.Operations):
             d.attrs[first + k] = attr
 
     async def releasedir(self, fh):
+        self.requests["releasedir"] += 1
         self._dirs.pop(fh, None)
 
     # -- files -----------------------------------------------------------------------------------
