@@ -14,6 +14,8 @@ import time
 from fuse_helpers import daemon_counters, require_fuse, stop_daemon
 
 from threefs.client import fuse_mount
+from threefs.client.fuse_namespace import ChangedDirs
+from threefs.rpc.schemas import meta as m
 
 N = 40
 
@@ -176,3 +178,69 @@ def test_another_clients_change_is_seen_as_before(cluster, fs, tmp_path):
         finally:
             stop_daemon(proc, mnt)
     fs.remove_tree(top)
+
+
+# -- the bookkeeping alone (no mount): which interleavings of this daemon's changes may keep attributes --
+
+def _dir(inode: int, mtime: int) -> m.InodeAttr:
+    return m.InodeAttr(inode, m.DIRECTORY, 0o755, 0, 0, 2, 0, mtime, mtime, mtime)
+
+
+def test_kept_attributes_answer_once_and_only_after_a_change_alone():
+    c = ChangedDirs(fresh_s=60)
+    t = c.begin([5])
+    assert c.take(5) is None  # in flight: meta answers
+    c.end(t, [_dir(5, 1)])
+    assert c.take(5) == _dir(5, 1)
+    assert c.take(5) is None  # once
+    c.end(c.begin([5]), [])  # a change that said nothing of the directory (setattr, xattr)
+    assert c.take(5) is None
+    c.end(c.begin([1]), [_dir(0, 2)])  # the root: meta's inode 0 is the kernel's 1
+    assert c.take(1) == _dir(0, 2)
+    c.end(c.begin([5]), [_dir(5, 3)])
+    c.forget(5)  # the kernel got fresher attributes (a lookup, an opendir)
+    assert c.take(5) is None
+    off = ChangedDirs(fresh_s=0)
+    off.end(off.begin([5]), [_dir(5, 1)])
+    assert off.take(5) is None and off.kept() == 0
+
+
+def test_overlapping_changes_keep_nothing_whichever_ends_last():
+    for first_ends in ("a", "b"):
+        c = ChangedDirs(fresh_s=60)
+        ta = c.begin([5])
+        tb = c.begin([5])
+        ends = [(ta, _dir(5, 1)), (tb, _dir(5, 2))]
+        if first_ends == "b":
+            ends.reverse()
+        for t, attr in ends:
+            c.end(t, [attr])
+        assert c.take(5) is None, first_ends  # which one committed last is not known
+    # a change that began and ended while another was in flight, on another directory: no effect
+    c = ChangedDirs(fresh_s=60)
+    ta = c.begin([5])
+    c.end(c.begin([6]), [_dir(6, 1)])
+    c.end(ta, [_dir(5, 1)])
+    assert c.take(5) == _dir(5, 1) and c.take(6) == _dir(6, 1)
+
+
+def test_a_rename_or_rmdir_overlapping_a_change_keeps_nothing():
+    # a create in 7 overlapping a rename in 5 (which may move 7 itself: its ctime moves, and the create's
+    # reply may carry 7 from before)
+    for order in ("rename-first", "create-first"):
+        c = ChangedDirs(fresh_s=60)
+        if order == "rename-first":
+            tr = c.begin([5], everything=True)
+            tc = c.begin([7])
+        else:
+            tc = c.begin([7])
+            tr = c.begin([5], everything=True)
+        c.end(tr, [_dir(5, 1)])
+        c.end(tc, [_dir(7, 1)])
+        assert c.take(7) is None, order
+        assert c.take(5) == _dir(5, 1), order  # the create changed 7 only: the rename's own are sound
+    # one alone keeps its directories, and forgets all others kept
+    c = ChangedDirs(fresh_s=60)
+    c.end(c.begin([7]), [_dir(7, 1)])
+    c.end(c.begin([5, 6], everything=True), [_dir(5, 2), _dir(6, 2)])
+    assert c.take(7) is None and c.take(5) == _dir(5, 2) and c.take(6) == _dir(6, 2)

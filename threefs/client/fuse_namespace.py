@@ -60,10 +60,11 @@ class ChangedDirs:
     Each is answered once (`take`), at most `fresh_s` after the change returned. Kept only when nothing
     else of this daemon changed the directory meanwhile: every local change of a directory (entry changes,
     setattr, xattrs) is `begin` ... `end`, and a directory's attributes are kept at the end of a change only
-    when no other change of it began since and none is in flight; one in flight makes `take` answer None
-    (meta is asked). Changes of unknown directories (rename and rmdir: the directory moved or removed is
-    named, not numbered) are `everything=True`: they forget all kept attributes and keep none from changes
-    that overlap them. Fresher attributes (a lookup, an opendir's getattr) make the kept ones go (`forget`)."""
+    when no other change of it was in flight at any time during this one (its reply may come before one
+    that committed later); one in flight makes `take` answer None (meta is asked). Changes of directories
+    not known by number (rename and rmdir: the directory moved or removed is named, not numbered) are
+    `everything=True`: they forget all kept attributes, and no change that overlaps one keeps any. Fresher
+    attributes (a lookup, an opendir's getattr, a listing) make the kept ones go (`forget`)."""
 
     def __init__(self, fresh_s: float = CHANGED_DIR_FRESH_S, clock=time.monotonic):
         self.fresh_s = fresh_s
@@ -74,6 +75,9 @@ class ChangedDirs:
         self._all_gen = 0  # everything=True changes begun
 
     def begin(self, inos, everything: bool = False) -> tuple:
+        # this change may keep what it returns only if no other change was in flight when it began and
+        # none begins before it ends: then nothing of this daemon can have committed after it unseen
+        calm = self._all_busy == 0
         if everything:
             self._all_busy += 1
             self._all_gen += 1
@@ -84,9 +88,9 @@ class ChangedDirs:
             b = self._busy.get(ino)
             if b is None:
                 b = self._busy[ino] = [0, 0]
+            mine.append((ino, b[1] + 1, calm and b[0] == 0))
             b[0] += 1
             b[1] += 1
-            mine.append((ino, b[1]))
         return self._all_gen, mine, everything
 
     def end(self, token: tuple, parents: list[m.InodeAttr]) -> None:
@@ -96,10 +100,10 @@ class ChangedDirs:
             self._all_busy -= 1
         got = {to_fuse(a.inode): a for a in parents if a.type == m.DIRECTORY}
         now = self._clock()
-        for ino, gen in mine:
+        for ino, gen, calm in mine:
             b = self._busy[ino]
             b[0] -= 1
-            alone = b[0] == 0 and b[1] == gen and self._all_busy == 0 and self._all_gen == all_gen
+            alone = calm and b[1] == gen and self._all_gen == all_gen
             if b[0] == 0:
                 del self._busy[ino]
             attr = got.get(ino)
