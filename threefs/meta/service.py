@@ -181,7 +181,16 @@ class MetaService(KvstoreRpcs):
     async def _open_truncating(self, req: m.OpenReq, caller: Caller, stamp: bool,
                                dirs: list | None) -> m.OpenRsp:
         """O_TRUNC: remove the file's chunks first, then truncate in the open's transaction, for the same
-        file and truncate version (else again)."""
+        file and truncate version (else again). With O_CREAT the name is most often new (`open(p, "w")`),
+        so the open is tried first as for no file (NO_FILE): it creates the file, or raises Replan when
+        one is there, and the plan follows (a create costs one transaction, not a failed plan too)."""
+        if req.flags & os.O_CREAT:
+            try:
+                return await self.store.open(req.path, req.flags, req.mode, req.chunk_size, req.stripe,
+                                             parent=req.parent, caller=caller, trunc_plan=NO_FILE,
+                                             stamp_client=stamp, dirs=dirs)
+            except Replan:
+                pass
         for _ in range(TRUNCATE_ROUNDS_MAX):
             try:
                 plan = await self.store.truncate_plan(req.path, 0, parent=req.parent, user=caller.user)
