@@ -142,8 +142,13 @@ class AsyncClient:
     async def lstat(self, path: str, user: m.UserCred | None = None) -> m.InodeAttr:
         return (await self.meta_call("stat", m.StatReq(path, False, user=user), m.StatRsp)).attr
 
-    async def lookup(self, parent: int, name: str, user: m.UserCred | None = None) -> m.InodeAttr:
-        """The entry `name` in directory inode `parent` (not following a final symlink)."""
+    async def lookup(self, parent: int, name: str, user: m.UserCred | None = None,
+                     missing_ok: bool = False) -> m.InodeAttr | None:
+        """The entry `name` in directory inode `parent` (not following a final symlink). `missing_ok`: None
+        when it does not exist (a server older than that raises FileNotFoundError as without it)."""
+        if missing_ok:
+            req = m.StatReq(name, False, parent=parent, user=user, missing_ok=True)
+            return (await self.meta_call("stat", req, m.LookupRsp)).attr
         req = m.StatReq(name, False, parent=parent, user=user)
         return (await self.meta_call("stat", req, m.StatRsp)).attr
 

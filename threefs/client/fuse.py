@@ -244,10 +244,13 @@ class ThreeFSOperations(pyfuse3.Operations):
         if name == ".":
             return self._found(await self.ns.getattr(parent_inode, user))
         try:
-            return self._found(await self.ns.lookup(parent_inode, name, user))
-        except FileNotFoundError:
-            if self.options.negative_timeout_s <= 0:
-                raise
+            attr = await self.ns.lookup(parent_inode, name, user)
+        except FileNotFoundError:  # a directory on the way is gone, or an older meta
+            attr = None
+        if attr is not None:
+            return self._found(attr)
+        if self.options.negative_timeout_s <= 0:
+            raise pyfuse3.FUSEError(errno.ENOENT)
         e = pyfuse3.EntryAttributes()  # st_ino 0: the kernel caches that the name does not exist
         e.entry_timeout = self.options.negative_timeout_s
         return e

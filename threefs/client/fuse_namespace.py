@@ -175,8 +175,9 @@ class Namespace:
         return groups
 
     # -- meta operations -------------------------------------------------------------------------
-    async def lookup(self, parent: int, name: str, user) -> m.InodeAttr:
-        return await self.aio.lookup(to_meta(parent), name, user)
+    async def lookup(self, parent: int, name: str, user) -> m.InodeAttr | None:
+        """None (or FileNotFoundError, from an older meta) when the name does not exist."""
+        return await self.aio.lookup(to_meta(parent), name, user, missing_ok=True)
 
     async def getattr(self, ino: int, user) -> m.InodeAttr:
         return await self.aio.getattr(to_meta(ino), user)

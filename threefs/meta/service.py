@@ -118,9 +118,11 @@ class MetaService(KvstoreRpcs):
 
     # -- lookups ---------------------------------------------------------------------------------
     @rpc(m.StatReq)
-    async def stat(self, ctx: CallContext, req: m.StatReq) -> m.StatRsp:
+    async def stat(self, ctx: CallContext, req: m.StatReq) -> m.StatRsp | m.LookupRsp:
         caller = self._caller(ctx, req)
-        return m.StatRsp(await self.store.stat(req.path, req.follow, parent=req.parent, user=caller.user))
+        attr = await self.store.stat(req.path, req.follow, parent=req.parent, user=caller.user,
+                                     missing_ok=req.missing_ok)
+        return m.LookupRsp(attr) if req.missing_ok else m.StatRsp(attr)
 
     @rpc(m.BatchStatReq)
     async def batch_stat(self, ctx: CallContext, req: m.BatchStatReq) -> m.BatchStatRsp:

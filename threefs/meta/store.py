@@ -237,11 +237,12 @@ class MetaStore:
         await self._run(lambda tr: ops_create.init_root(tr, layout, now_ns))
 
     async def stat(self, path: str, follow: bool = True, *, parent: int = NO_PARENT,
-                   user: UserCred = ROOT) -> InodeAttr:
+                   user: UserCred = ROOT, missing_ok: bool = False) -> InodeAttr | None:
         """Attributes of `path`; with follow=False a final symlink itself (lstat). ("", parent=inode) is
-        getattr(inode); ("name", parent=dir inode) is FUSE's lookup."""
+        getattr(inode); ("name", parent=dir inode) is FUSE's lookup. `missing_ok`: None when the last name
+        does not exist, instead of NOT_FOUND."""
         parsed = parse_path(path, parent)
-        return await self._run(lambda tr: ops_attr.stat(tr, parsed, follow, user))
+        return await self._run(lambda tr: ops_attr.stat(tr, parsed, follow, user, missing_ok))
 
     async def batch_stat(self, items: list[tuple[int, str]], follow: bool = True,
                          user: UserCred = ROOT) -> list[InodeAttr | ThreeFSError]:

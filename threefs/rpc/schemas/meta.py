@@ -80,15 +80,24 @@ class PathAt(msgspec.Struct, array_like=True):
     path: str
 
 
-class StatReq(msgspec.Struct):
+class StatReq(msgspec.Struct, omit_defaults=True):
     path: str
     follow: bool = True  # False: lstat (a final symlink itself)
     parent: int = NO_PARENT
     user: UserCred | None = None
+    # a last name that does not exist answers LookupRsp(attr=None) instead of NOT_FOUND (the FUSE daemon's
+    # lookup of a name it is about to create: no error path on either side); older servers ignore it
+    missing_ok: bool = False
 
 
 class StatRsp(msgspec.Struct):
     attr: InodeAttr
+
+
+class LookupRsp(msgspec.Struct):
+    """stat's reply to a request with missing_ok (a StatRsp decodes as one)."""
+
+    attr: InodeAttr | None = None
 
 
 class BatchStatReq(msgspec.Struct):
