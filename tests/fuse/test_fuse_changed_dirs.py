@@ -244,3 +244,16 @@ def test_a_rename_or_rmdir_overlapping_a_change_keeps_nothing():
     c.end(c.begin([7]), [_dir(7, 1)])
     c.end(c.begin([5, 6], everything=True), [_dir(5, 2), _dir(6, 2)])
     assert c.take(7) is None and c.take(5) == _dir(5, 2) and c.take(6) == _dir(6, 2)
+
+
+def test_attributes_from_meta_during_a_change_keep_none_from_it():
+    # a lookup / getattr / opendir of 5 answered by meta while a change of 5 is in flight: that answer may be
+    # newer than what the change's reply carries, so the change keeps nothing
+    c = ChangedDirs(fresh_s=60)
+    t = c.begin([5])
+    c.forget(5)
+    c.end(t, [_dir(5, 1)])
+    assert c.take(5) is None
+    c.forget(9)  # of a directory nothing changes: nothing to do
+    c.end(c.begin([9]), [_dir(9, 1)])
+    assert c.take(9) == _dir(9, 1)

@@ -274,7 +274,10 @@ class ThreeFSOperations(pyfuse3.Operations):
             for h in list(self._handles.values()):
                 if h.ino == inode and h.written_end > h.published_end:
                     await self._sync(h, end_session=False)
-        return self.entry(await self._stale_if_gone(self.ns.getattr(inode, self.ns.user(ctx))))
+        attr = await self._stale_if_gone(self.ns.getattr(inode, self.ns.user(ctx)))
+        if attr.type == m.DIRECTORY:
+            self.changed.forget(inode)
+        return self.entry(attr)
 
     @staticmethod
     async def _stale_if_gone(call):

@@ -63,8 +63,9 @@ class ChangedDirs:
     when no other change of it was in flight at any time during this one (its reply may come before one
     that committed later); one in flight makes `take` answer None (meta is asked). Changes of directories
     not known by number (rename and rmdir: the directory moved or removed is named, not numbered) are
-    `everything=True`: they forget all kept attributes, and no change that overlaps one keeps any. Fresher
-    attributes (a lookup, an opendir's getattr, a listing) make the kept ones go (`forget`)."""
+    `everything=True`: they forget all kept attributes, and no change that overlaps one keeps any.
+    Attributes the kernel gets from meta (a lookup, a getattr, an opendir's getattr, a listing) make the
+    kept ones go, and a change in flight keep none (`forget`)."""
 
     def __init__(self, fresh_s: float = CHANGED_DIR_FRESH_S, clock=time.monotonic):
         self.fresh_s = fresh_s
@@ -122,7 +123,12 @@ class ChangedDirs:
         return hit[1]
 
     def forget(self, ino: int) -> None:
+        """The kernel got attributes of `ino` from meta (a lookup, getattr, opendir, listing): drop the
+        kept ones, and keep none from a change of it in flight (its reply may be older than these)."""
         self._kept.pop(ino, None)
+        b = self._busy.get(ino)
+        if b is not None:
+            b[1] += 1
 
     def kept(self) -> int:
         return len(self._kept)
