@@ -257,3 +257,31 @@ def test_attributes_from_meta_during_a_change_keep_none_from_it():
     c.forget(9)  # of a directory nothing changes: nothing to do
     c.end(c.begin([9]), [_dir(9, 1)])
     assert c.take(9) == _dir(9, 1)
+
+
+def test_written_small_files_end_their_sessions_in_batches(cluster, fs, tmp_path):
+    """open + write + close through the mount: close(2) publishes the length (one meta sync), and the
+    release's session end goes in a close_many batch instead of a meta close per file; the library sees
+    each file's bytes and length at once."""
+    require_fuse()
+    top = "/written-batches"
+    fs.mkdir(top)
+    mnt, log = str(tmp_path / "m"), str(tmp_path / "daemon.log")
+    proc = fuse_mount.spawn(str(cluster.client_config_path), mnt, [], log)
+    try:
+        d = f"{mnt}{top}"
+        _, _, m0 = daemon_counters(proc, log, 0)
+        for i in range(N):
+            with open(f"{d}/w{i}", "wb") as f:
+                f.write(b"%d" % i * 100)
+            assert fs.read_bytes(f"{top}/w{i}") == b"%d" % i * 100  # published at close(2)
+            assert fs.stat(f"{top}/w{i}").length == len(b"%d" % i) * 100
+        time.sleep(0.5)  # past DEFERRED_CLOSE_S
+        _, _, m1 = daemon_counters(proc, log, 1)
+        meta = _delta(m0, m1)
+        assert meta.get("close", 0) == 0 and meta.get("sync") == N and 1 <= meta.get("close_many", 0) <= N, meta
+        for i in range(N):
+            os.unlink(f"{d}/w{i}")
+    finally:
+        stop_daemon(proc, mnt)
+    fs.remove_tree(top)

@@ -643,8 +643,9 @@ class ThreeFSOperations(pyfuse3.Operations):
             h.published_end = h.written_end
         if end_session and h.session:
             hint = h.written_end if h.written_end > h.published_end else -1
-            if hint < 0 and h.written_end < 0 and not h.truncated and err is None:
-                self._end_later(h.attr.inode, h.session)  # nothing written: the session alone ends
+            if hint < 0 and not h.truncated and err is None:
+                # nothing written, or all of it published at flush: the session alone ends
+                self._end_later(h.attr.inode, h.session)
             else:
                 h.attr = await self.ns.close(h.attr.inode, h.session, hint)
             h.published_end = max(h.published_end, h.written_end)
@@ -683,7 +684,10 @@ class ThreeFSOperations(pyfuse3.Operations):
         nothing was written to changes nothing but its write session, so the session ends in a batch
         (meta.close_many) at most DEFERRED_CLOSE_S later, once DEFERRED_CLOSES_MAX wait, before this
         daemon's next unlink, rmdir, rename or truncate, or at unmount. A create + close through the
-        mount is then a lookup and a create."""
+        mount is then a lookup and a create. So does the release of a handle whose writes all reached
+        storage and were published at the last flush (close(2)): meta's close would only end the session
+        (no length hint: nothing to measure), so a create + write + close is a lookup, a create and the
+        flush's length (plus the kernel's security.capability getxattr at the first write)."""
         self._deferred.append(m.SessionRef(inode, session))
         self.stats["closes_deferred"] += 1
         if len(self._deferred) >= DEFERRED_CLOSES_MAX:
