@@ -138,16 +138,22 @@ def report(name: str, m: Meter, units: float, unit: str, rate: float, rate_unit:
 
 
 def spawn_variant(cluster, tmp: str, k: int, spec: str):
-    """spec: 'LABEL' or 'LABEL|mount args' or 'LABEL|mount args|ENV=V,...' (env for the daemon)."""
+    """spec: 'LABEL' or 'LABEL|mount args' or 'LABEL|mount args|ENV=V,...' (env for the daemon). With
+    PYTHONPATH=DIR the daemon is spawned from DIR, so that DIR's threefs is the one imported (`python -m`
+    puts the working directory first): 'before||PYTHONPATH=/work/main' mounts an older checkout's daemon."""
     parts = spec.split("|")
     label, margs = parts[0], parts[1].split() if len(parts) > 1 else []
     env = dict(kv.split("=", 1) for kv in parts[2].split(",") if kv) if len(parts) > 2 else {}
     mnt = os.path.join(tmp, f"mnt{k}")
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
+    cwd = os.getcwd()
     try:
+        if "PYTHONPATH" in env:
+            os.chdir(env["PYTHONPATH"].split(os.pathsep)[0])
         proc = fuse_mount.spawn(str(cluster.client_config_path), mnt, margs, os.path.join(tmp, f"fuse{k}.log"))
     finally:
+        os.chdir(cwd)
         for key, v in saved.items():
             if v is None:
                 os.environ.pop(key, None)

@@ -212,3 +212,17 @@ def test_many_small_batch_reads(fs, d, rng):
     assert all(n == 4096 for n in got)
     for (_, off, buf) in items:
         assert bytes(buf) == data[off:off + 4096]
+
+
+def test_create_truncating_an_existing_file_removes_its_data(fs, d, rng):
+    """open(O_CREAT|O_TRUNC) ("wb") of a name that exists: meta's open first tries it as a create, finds the
+    file and plans the truncate (its chunks go before the length does), so the old bytes never come back
+    when the file grows again; of a new name it creates the file."""
+    old = _data(rng, 3 * CS + 77)
+    fs.write_bytes(f"{d}/f", old)
+    fs.write_bytes(f"{d}/f", b"short")  # O_CREAT|O_TRUNC of an existing file
+    assert fs.read_bytes(f"{d}/f") == b"short"
+    fs.truncate(f"{d}/f", len(old))  # grown again: zeros, not the old chunks
+    assert fs.read_bytes(f"{d}/f") == b"short" + bytes(len(old) - 5)
+    fs.write_bytes(f"{d}/new", b"x")  # and of a new name
+    assert fs.read_bytes(f"{d}/new") == b"x" and fs.stat(f"{d}/new").length == 1

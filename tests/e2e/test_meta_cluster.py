@@ -66,17 +66,23 @@ def test_inode_operations_for_fuse(fs, d):
     run(aio.close_file(rsp.attr.inode, rsp.session, 3))
     assert run(aio.lookup(parent, "f")).inode == rsp.attr.inode
     assert run(aio.getattr(rsp.attr.inode)).length == 3
-    sub = run(aio.mkdir_at(parent, "sub"))
-    run(aio.link_at(rsp.attr.inode, sub.inode, "g"))
-    run(aio.symlink_at(sub.inode, "l", "g"))
+    assert [p.inode for p in rsp.parents] == [parent]  # what the create committed of the directory
+    made = run(aio.mkdir_at(parent, "sub"))
+    sub = made.attr
+    assert made.parents == [fs.stat(d)] and made.parents[0].nlink == 3  # over the wire, as committed
+    assert run(aio.link_at(rsp.attr.inode, sub.inode, "g")).parents == [fs.stat(f"{d}/sub")]
+    assert run(aio.symlink_at(sub.inode, "l", "g")).parents == [fs.stat(f"{d}/sub")]
     page = run(aio.readdir(parent=sub.inode))
     assert [e.name for e in page.entries] == ["g", "l"] and not page.more
     assert run(aio.readlink(parent=run(aio.lookup(sub.inode, "l")).inode)) == "g"
-    run(aio.rename_at(sub.inode, "g", parent, "g2"))
+    moved = run(aio.rename_at(sub.inode, "g", parent, "g2"))
+    assert sorted(moved.parents, key=lambda a: a.inode) == sorted([fs.stat(d), fs.stat(f"{d}/sub")],
+                                                                   key=lambda a: a.inode)
     assert run(aio.setattr(parent=rsp.attr.inode, length=1)).length == 1
-    run(aio.unlink_at(parent, "g2"))
+    assert run(aio.unlink_at(parent, "g2")).parents == [fs.stat(d)]
     run(aio.unlink_at(sub.inode, "l"))
-    run(aio.rmdir_at(parent, "sub"))
+    gone = run(aio.rmdir_at(parent, "sub"))
+    assert gone.parents == [fs.stat(d)] and gone.parents[0].nlink == 2
     opened = run(aio.open_inode(rsp.attr.inode, os.O_RDONLY))
     assert opened.attr.length == 1 and not opened.session
 
@@ -88,7 +94,7 @@ def test_the_cluster_token_acts_as_any_user(fs, d):
     with pytest.raises(PermissionError):
         run(aio.lookup(fs.stat(f"{d}/closed").inode, "x", user=USER))  # no search permission
     fs.chmod(d, 0o777)
-    made = run(aio.mkdir_at(parent, "mine", 0o755, user=USER))
+    made = run(aio.mkdir_at(parent, "mine", 0o755, user=USER)).attr
     assert (made.uid, made.gid) == (1000, 1000)
     with pytest.raises(PermissionError):
         run(aio.setattr(f"{d}/closed", mode=0o777, user=USER))  # not the owner: EPERM

@@ -14,3 +14,24 @@ def require_fuse() -> None:
 
 
 stop_daemon = fuse_mount.stop  # unmount, wait, kill if needed: nothing left behind
+
+
+def daemon_counters(proc, log: str, seen: int) -> tuple[dict, dict, dict]:
+    """(statistics, kernel requests per operation, meta calls per method) of a daemon so far, from the line
+    SIGUSR1 makes it log (the one after the `seen` lines already read)."""
+    import ast
+    import os
+    import re
+    import signal
+    import time
+
+    os.kill(proc.pid, signal.SIGUSR1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        lines = [x for x in open(log) if "requests served" in x]
+        if len(lines) > seen:
+            line = lines[-1]
+            return tuple(ast.literal_eval(re.search(rf"{label}: (\{{.*?\}})", line).group(1))
+                         for label in ("requests served", "kernel requests", "meta calls"))
+        time.sleep(0.05)
+    raise AssertionError(f"the daemon logged no statistics within 30 s (see {log})")

@@ -20,7 +20,7 @@ def mount_options(args):
                         read_ahead_kb=args.read_ahead_kb, read_ahead_bytes=args.prefetch_mb << 20,
                         segment_bytes=args.segment_mb << 20, allow_other=args.allow_other,
                         fast_dispatch=not args.pyfuse3_dispatch, dir_cache=not args.no_dir_cache,
-                        gate_batch=args.gate_batch)
+                        gate_batch=args.gate_batch, changed_dir_s=args.changed_dir_s)
 
 
 def mount_args(args) -> list[str]:
@@ -28,7 +28,8 @@ def mount_args(args) -> list[str]:
     out = ["--attr-timeout", str(args.attr_timeout), "--entry-timeout", str(args.entry_timeout),
            "--negative-timeout", str(args.negative_timeout), "--read-ahead-kb", str(args.read_ahead_kb),
            "--prefetch-mb", str(args.prefetch_mb), "--max-background", str(args.max_background),
-           "--segment-mb", str(args.segment_mb), "--gate-batch", str(args.gate_batch)]
+           "--segment-mb", str(args.segment_mb), "--gate-batch", str(args.gate_batch),
+           "--changed-dir-s", str(args.changed_dir_s)]
     out += ["--direct-io"] * args.direct_io + ["--no-writeback"] * args.no_writeback
     out += ["--writeback"] * args.writeback + ["--no-keep-cache"] * args.no_keep_cache
     out += ["--pyfuse3-dispatch"] * args.pyfuse3_dispatch + ["--no-dir-cache"] * args.no_dir_cache
@@ -81,6 +82,10 @@ def add_mount_flags(p) -> None:
     p.add_argument("--no-dir-cache", action="store_true",
                    help="the kernel does not cache directory listings (by default it does, dropped at "
                         "opendir when the directory changed)")
+    p.add_argument("--changed-dir-s", type=float, default=1.0,
+                   help="a directory's attributes as this mount's change of its entries committed them "
+                        "answer the kernel's next getattr of it, within this many seconds (default 1; 0 = "
+                        "meta answers every getattr)")
     p.add_argument("--pyfuse3-dispatch", action="store_true",
                    help="take kernel requests as pyfuse3 does (one worker kept, epoll changes per request); "
                         "for comparison")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
@@ -38,6 +39,7 @@ class AsyncClient:
         self._meta_request_ids = itertools.count(1)
         self.acting_user: m.UserCred | None = None
         self._keepalive: asyncio.Task | None = None
+        self.meta_calls = collections.Counter()  # per method (the FUSE daemon logs them)
         self._chain_cache: dict = {}  # (routing version, layout) -> chain per stripe position
 
     async def start(self) -> "AsyncClient":
@@ -57,6 +59,7 @@ class AsyncClient:
     # -- meta ------------------------------------------------------------------------------------
     async def meta_call(self, method: str, req, rsp_type):
         """Call any live meta server (they are stateless); fail over when one does not answer."""
+        self.meta_calls[method] += 1
         routing = await self.mgmtd.get()
         servers = routing.nodes_of_type(META)
         if not servers:
@@ -139,8 +142,13 @@ class AsyncClient:
     async def lstat(self, path: str, user: m.UserCred | None = None) -> m.InodeAttr:
         return (await self.meta_call("stat", m.StatReq(path, False, user=user), m.StatRsp)).attr
 
-    async def lookup(self, parent: int, name: str, user: m.UserCred | None = None) -> m.InodeAttr:
-        """The entry `name` in directory inode `parent` (not following a final symlink)."""
+    async def lookup(self, parent: int, name: str, user: m.UserCred | None = None,
+                     missing_ok: bool = False) -> m.InodeAttr | None:
+        """The entry `name` in directory inode `parent` (not following a final symlink). `missing_ok`: None
+        when it does not exist (a server older than that raises FileNotFoundError as without it)."""
+        if missing_ok:
+            req = m.StatReq(name, False, parent=parent, user=user, missing_ok=True)
+            return (await self.meta_call("stat", req, m.LookupRsp)).attr
         req = m.StatReq(name, False, parent=parent, user=user)
         return (await self.meta_call("stat", req, m.StatRsp)).attr
 
@@ -176,38 +184,40 @@ class AsyncClient:
     async def open_inode(self, inode: int, flags: int, user: m.UserCred | None = None) -> m.OpenRsp:
         return await self.meta_call("open", m.OpenReq("", flags, parent=inode, user=user), m.OpenRsp)
 
+    # The *_at calls (directory inode + name, as FUSE names things) answer with meta's whole reply: with
+    # the attributes of the directories they changed (`parents`, as committed), which the FUSE daemon keeps.
     async def mkdir_at(self, parent: int, name: str, mode: int = 0o755,
-                       user: m.UserCred | None = None) -> m.InodeAttr:
+                       user: m.UserCred | None = None) -> m.AttrRsp:
         req = m.MkdirReq(name, mode, parent=parent, user=user)
-        return (await self.meta_call("mkdir", req, m.AttrRsp)).attr
+        return await self.meta_call("mkdir", req, m.AttrRsp)
 
-    async def unlink_at(self, parent: int, name: str, user: m.UserCred | None = None) -> None:
-        await self.meta_call("unlink", m.PathReq(name, parent, user), m.OkRsp)
+    async def unlink_at(self, parent: int, name: str, user: m.UserCred | None = None) -> m.ChangedRsp:
+        return await self.meta_call("unlink", m.PathReq(name, parent, user), m.ChangedRsp)
 
-    async def rmdir_at(self, parent: int, name: str, user: m.UserCred | None = None) -> None:
-        await self.meta_call("rmdir", m.PathReq(name, parent, user), m.OkRsp)
+    async def rmdir_at(self, parent: int, name: str, user: m.UserCred | None = None) -> m.ChangedRsp:
+        return await self.meta_call("rmdir", m.PathReq(name, parent, user), m.ChangedRsp)
 
     async def rename_at(self, parent: int, name: str, new_parent: int, new_name: str,
-                        noreplace: bool = False, user: m.UserCred | None = None) -> None:
+                        noreplace: bool = False, user: m.UserCred | None = None) -> m.ChangedRsp:
         req = m.RenameReq(name, new_name, noreplace, parent, new_parent, user)
-        await self.meta_call("rename", req, m.OkRsp)
+        return await self.meta_call("rename", req, m.ChangedRsp)
 
     async def link(self, src: str, dst: str, user: m.UserCred | None = None) -> m.InodeAttr:
         return (await self.meta_call("link", m.LinkReq(src, dst, user=user), m.AttrRsp)).attr
 
     async def link_at(self, inode: int, new_parent: int, new_name: str,
-                      user: m.UserCred | None = None) -> m.InodeAttr:
+                      user: m.UserCred | None = None) -> m.AttrRsp:
         req = m.LinkReq("", new_name, inode, new_parent, user)
-        return (await self.meta_call("link", req, m.AttrRsp)).attr
+        return await self.meta_call("link", req, m.AttrRsp)
 
     async def symlink(self, target: str, path: str, user: m.UserCred | None = None) -> m.InodeAttr:
         """A symlink at `path` pointing to `target` (os.symlink's order)."""
         return (await self.meta_call("symlink", m.SymlinkReq(path, target, user=user), m.AttrRsp)).attr
 
     async def symlink_at(self, parent: int, name: str, target: str,
-                         user: m.UserCred | None = None) -> m.InodeAttr:
+                         user: m.UserCred | None = None) -> m.AttrRsp:
         req = m.SymlinkReq(name, target, parent, user)
-        return (await self.meta_call("symlink", req, m.AttrRsp)).attr
+        return await self.meta_call("symlink", req, m.AttrRsp)
 
     async def readlink(self, path: str = "", *, parent: int = m.NO_PARENT,
                        user: m.UserCred | None = None) -> str:

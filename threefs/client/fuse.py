@@ -39,7 +39,8 @@ import msgspec
 import pyfuse3
 
 from threefs.client.batch import ReadCoalescer
-from threefs.client.fuse_namespace import FUSE_ROOT, Namespace, decode, to_fuse
+from threefs.client.fuse_namespace import (CHANGED_DIR_FRESH_S, FUSE_ROOT, ChangedDirs, Namespace, decode,
+                                           to_fuse)
 from threefs.client.stream import SEGMENT_BYTES_MAX, ReadAhead, WriteBehind, segment_bytes
 from threefs.common import limits
 from threefs.common.buffers import BufferPool
@@ -88,6 +89,9 @@ class MountOptions:
     dir_cache: bool = True  # the kernel caches directory listings (dropped at opendir when changed)
     gate_batch: int = 64  # reads held at the gate for one storage batch at most (KernelQueueGate)
     fast_dispatch: bool = True  # kernel requests taken without per-request epoll changes, workers kept
+    # a directory's attributes from this daemon's own change of its entries answer the kernel's next
+    # getattr of it within this many seconds (fuse_namespace.ChangedDirs); 0: meta answers every getattr
+    changed_dir_s: float = CHANGED_DIR_FRESH_S
 
 
 @dataclass
@@ -118,10 +122,13 @@ class DirHandle:
 
 
 def fuse_errors(fn):
-    """Report every failure to the kernel as an errno (pyfuse3 accepts only FUSEError)."""
+    """Report every failure to the kernel as an errno (pyfuse3 accepts only FUSEError); count the kernel's
+    requests per operation (`ThreeFSOperations.requests`, logged with the statistics)."""
+    name = fn.__name__
 
     @functools.wraps(fn)
     async def wrapper(*args, **kwargs):
+        args[0].requests[name] += 1
         try:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
@@ -147,6 +154,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         self.options = options
         self.enable_writeback_cache = options.writeback_cache and not options.direct_io
         self.ns = Namespace(aio)
+        self.changed = ChangedDirs(options.changed_dir_s)  # directories' attributes from its own changes
         self._handles: dict[int, Handle] = {}
         self._dirs: dict[int, DirHandle] = {}
         self._fh = itertools.count(1)
@@ -166,6 +174,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         self.dir_cache = False  # the kernel caches listings (set when fuse_fallocate.install_dir_cache took)
         self._listed: dict[int, tuple] = {}  # fuse ino of a directory -> (mtime, ctime) at its last opendir
         self.stats = collections.Counter()  # logged at unmount
+        self.requests = collections.Counter()  # kernel requests per operation (fuse_errors), logged too
 
     def init(self) -> None:
         self.initialized.set()
@@ -209,8 +218,24 @@ class ThreeFSOperations(pyfuse3.Operations):
 
     def _found(self, attr: m.InodeAttr) -> pyfuse3.EntryAttributes:
         """A reply that gives the kernel a reference to attr's inode (lookup, create, mkdir, ...)."""
-        self.ns.remember(to_fuse(attr.inode))
+        ino = to_fuse(attr.inode)
+        self.ns.remember(ino)
+        if attr.type == m.DIRECTORY:
+            self.changed.forget(ino)  # the kernel now has these, fresher than any kept
         return self.entry(attr)
+
+    async def _changing(self, dirs: tuple[int, ...], call, everything: bool = False):
+        """Await `call`, a change of the directories `dirs` (fuse inodes; `everything`: of directories not
+        known by number too, rename and rmdir): meta's reply says what it committed of them, which answers
+        the kernel's next getattr of each (ChangedDirs)."""
+        token = self.changed.begin(dirs, everything)
+        parents = ()
+        try:
+            rsp = await call
+            parents = getattr(rsp, "parents", ())
+            return rsp
+        finally:
+            self.changed.end(token, parents)
 
     @fuse_errors
     async def lookup(self, parent_inode, name, ctx=None):
@@ -219,10 +244,13 @@ class ThreeFSOperations(pyfuse3.Operations):
         if name == ".":
             return self._found(await self.ns.getattr(parent_inode, user))
         try:
-            return self._found(await self.ns.lookup(parent_inode, name, user))
-        except FileNotFoundError:
-            if self.options.negative_timeout_s <= 0:
-                raise
+            attr = await self.ns.lookup(parent_inode, name, user)
+        except FileNotFoundError:  # a directory on the way is gone, or an older meta
+            attr = None
+        if attr is not None:
+            return self._found(attr)
+        if self.options.negative_timeout_s <= 0:
+            raise pyfuse3.FUSEError(errno.ENOENT)
         e = pyfuse3.EntryAttributes()  # st_ino 0: the kernel caches that the name does not exist
         e.entry_timeout = self.options.negative_timeout_s
         return e
@@ -230,6 +258,7 @@ class ThreeFSOperations(pyfuse3.Operations):
     async def forget(self, inode_list):
         for ino, count in inode_list:
             if self.ns.forget(ino, count):
+                self.changed.forget(ino)
                 self._meta_length.pop(ino, None)
                 self._cached.pop(ino, None)  # the kernel's inode is gone, and its pages with it
                 self._reported.pop(ino, None)
@@ -237,11 +266,18 @@ class ThreeFSOperations(pyfuse3.Operations):
 
     @fuse_errors
     async def getattr(self, inode, ctx=None):
+        kept = self.changed.take(inode)
+        if kept is not None:  # the kernel asks again for what this daemon's change of the directory gave
+            self.stats["getattr_from_change"] += 1
+            return self.entry(kept)
         if not self.enable_writeback_cache:  # the kernel asks us for mtime: publish what was written
             for h in list(self._handles.values()):
                 if h.ino == inode and h.written_end > h.published_end:
                     await self._sync(h, end_session=False)
-        return self.entry(await self._stale_if_gone(self.ns.getattr(inode, self.ns.user(ctx))))
+        attr = await self._stale_if_gone(self.ns.getattr(inode, self.ns.user(ctx)))
+        if attr.type == m.DIRECTORY:
+            self.changed.forget(inode)
+        return self.entry(attr)
 
     @staticmethod
     async def _stale_if_gone(call):
@@ -271,7 +307,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         # chown(-1, -1) sends FATTR_CTIME alone (regular files) or nothing at all (others): it still moves
         # ctime, which meta's setattr does
         if changes or fields.update_ctime or not fields.update_size:
-            return self.entry(await self.ns.setattr(inode, user, **changes))
+            return self.entry(await self._changing((inode,), self.ns.setattr(inode, user, **changes)))
         return self.entry(await self.ns.getattr(inode, user))
 
     async def _truncate(self, ino: int, length: int, user) -> None:
@@ -298,31 +334,36 @@ class ThreeFSOperations(pyfuse3.Operations):
     # -- namespace -------------------------------------------------------------------------------
     @fuse_errors
     async def mkdir(self, parent_inode, name, mode, ctx):
-        attr = await self.ns.mkdir(parent_inode, decode(name), stat.S_IMODE(mode), self.ns.user(ctx))
-        return self._found(attr)
+        rsp = await self._changing((parent_inode,), self.ns.mkdir(parent_inode, decode(name),
+                                                                  stat.S_IMODE(mode), self.ns.user(ctx)))
+        return self._found(rsp.attr)
 
     @fuse_errors
     async def unlink(self, parent_inode, name, ctx):
         await self.end_deferred()
-        await self.ns.unlink(parent_inode, decode(name), self.ns.user(ctx))
+        await self._changing((parent_inode,), self.ns.unlink(parent_inode, decode(name), self.ns.user(ctx)))
 
     @fuse_errors
     async def rmdir(self, parent_inode, name, ctx):
         await self.end_deferred()
-        await self.ns.rmdir(parent_inode, decode(name), self.ns.user(ctx))
+        await self._changing((parent_inode,), self.ns.rmdir(parent_inode, decode(name), self.ns.user(ctx)),
+                             everything=True)  # the directory removed is known by name only
 
     @fuse_errors
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         if flags & ~pyfuse3.RENAME_NOREPLACE:  # RENAME_EXCHANGE, RENAME_WHITEOUT: not done silently
             raise pyfuse3.FUSEError(errno.EINVAL)  # meta has no atomic exchange nor whiteout devices
         await self.end_deferred()
-        await self.ns.rename(parent_inode_old, decode(name_old), parent_inode_new, decode(name_new),
-                             bool(flags & pyfuse3.RENAME_NOREPLACE), self.ns.user(ctx))
+        # the entry moved (a directory's ctime moves) and one replaced are known by name only
+        await self._changing((parent_inode_old, parent_inode_new), self.ns.rename(
+            parent_inode_old, decode(name_old), parent_inode_new, decode(name_new),
+            bool(flags & pyfuse3.RENAME_NOREPLACE), self.ns.user(ctx)), everything=True)
 
     @fuse_errors
     async def symlink(self, parent_inode, name, target, ctx):
-        attr = await self.ns.symlink(parent_inode, decode(name), decode(target), self.ns.user(ctx))
-        return self._found(attr)
+        rsp = await self._changing((parent_inode,), self.ns.symlink(parent_inode, decode(name), decode(target),
+                                                                    self.ns.user(ctx)))
+        return self._found(rsp.attr)
 
     @fuse_errors
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
@@ -332,11 +373,13 @@ class ThreeFSOperations(pyfuse3.Operations):
         if kind is None:
             if stat.S_IFMT(mode) not in (0, stat.S_IFREG):
                 raise pyfuse3.FUSEError(errno.EINVAL)
-            rsp = await self.ns.create(parent_inode, name, os.O_CREAT | os.O_EXCL | os.O_WRONLY,
-                                       stat.S_IMODE(mode), user)
+            rsp = await self._changing((parent_inode,), self.ns.create(
+                parent_inode, name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, stat.S_IMODE(mode), user))
             attr = await self.ns.close(rsp.attr.inode, rsp.session, -1)
             return self._found(attr)
-        return self._found(await self.ns.mknod(parent_inode, name, kind, stat.S_IMODE(mode), rdev, user))
+        rsp = await self._changing((parent_inode,), self.ns.mknod(parent_inode, name, kind, stat.S_IMODE(mode),
+                                                                  rdev, user))
+        return self._found(rsp.attr)
 
     # -- extended attributes ---------------------------------------------------------------------
     @fuse_errors
@@ -347,7 +390,8 @@ class ThreeFSOperations(pyfuse3.Operations):
     @fuse_errors
     async def setxattr(self, inode, name, value, ctx):
         # pyfuse3 has checked XATTR_CREATE / XATTR_REPLACE with getxattr already (not atomically)
-        await self.ns.xattr(inode, m.XATTR_SET, self.ns.user(ctx), decode(name), bytes(value))
+        await self._changing((inode,), self.ns.xattr(inode, m.XATTR_SET, self.ns.user(ctx), decode(name),
+                                                     bytes(value)))  # its ctime moves
 
     @fuse_errors
     async def listxattr(self, inode, ctx):
@@ -356,11 +400,13 @@ class ThreeFSOperations(pyfuse3.Operations):
 
     @fuse_errors
     async def removexattr(self, inode, name, ctx):
-        await self.ns.xattr(inode, m.XATTR_REMOVE, self.ns.user(ctx), decode(name))
+        await self._changing((inode,), self.ns.xattr(inode, m.XATTR_REMOVE, self.ns.user(ctx), decode(name)))
 
     @fuse_errors
     async def link(self, inode, new_parent_inode, new_name, ctx):
-        return self._found(await self.ns.link(inode, new_parent_inode, decode(new_name), self.ns.user(ctx)))
+        rsp = await self._changing((new_parent_inode,), self.ns.link(inode, new_parent_inode, decode(new_name),
+                                                                     self.ns.user(ctx)))
+        return self._found(rsp.attr)
 
     @fuse_errors
     async def statfs(self, ctx):
@@ -378,6 +424,7 @@ class ThreeFSOperations(pyfuse3.Operations):
     async def opendir(self, inode, ctx):
         user = self.ns.user(ctx)
         attr = await self.ns.getattr(inode, user)  # ENOENT / ENOTDIR now, not at the first readdir
+        self.changed.forget(inode)  # fresher than what a change of it gave
         if self.dir_cache:
             self._keep_listing(inode, attr)
         fh = next(self._fh)
@@ -420,6 +467,8 @@ class ThreeFSOperations(pyfuse3.Operations):
             if attr is not None:  # None: removed since the listing
                 if not pyfuse3.readdir_reply(token, os.fsencode(d.entries[i].name), self.entry(attr), i + 1):
                     return
+                if attr.type == m.DIRECTORY:
+                    self.changed.forget(to_fuse(attr.inode))  # the kernel takes these attributes too
                 if i >= DOT_ENTRIES:
                     self.ns.remember(to_fuse(attr.inode))
             i += 1
@@ -430,6 +479,7 @@ class ThreeFSOperations(pyfuse3.Operations):
             d.attrs[first + k] = attr
 
     async def releasedir(self, fh):
+        self.requests["releasedir"] += 1
         self._dirs.pop(fh, None)
 
     # -- files -----------------------------------------------------------------------------------
@@ -489,7 +539,8 @@ class ThreeFSOperations(pyfuse3.Operations):
     @fuse_errors
     async def create(self, parent_inode, name, mode, flags, ctx):
         flags &= OPEN_FLAGS_PASSED
-        rsp = await self.ns.create(parent_inode, decode(name), flags, stat.S_IMODE(mode), self.ns.user(ctx))
+        rsp = await self._changing((parent_inode,), self.ns.create(parent_inode, decode(name), flags,
+                                                                   stat.S_IMODE(mode), self.ns.user(ctx)))
         entry = self._found(rsp.attr)
         return self._open_handle(entry.st_ino, rsp, flags), entry
 
@@ -592,8 +643,9 @@ class ThreeFSOperations(pyfuse3.Operations):
             h.published_end = h.written_end
         if end_session and h.session:
             hint = h.written_end if h.written_end > h.published_end else -1
-            if hint < 0 and h.written_end < 0 and not h.truncated and err is None:
-                self._end_later(h.attr.inode, h.session)  # nothing written: the session alone ends
+            if hint < 0 and not h.truncated and err is None:
+                # nothing written, or all of it published at flush: the session alone ends
+                self._end_later(h.attr.inode, h.session)
             else:
                 h.attr = await self.ns.close(h.attr.inode, h.session, hint)
             h.published_end = max(h.published_end, h.written_end)
@@ -632,7 +684,10 @@ class ThreeFSOperations(pyfuse3.Operations):
         nothing was written to changes nothing but its write session, so the session ends in a batch
         (meta.close_many) at most DEFERRED_CLOSE_S later, once DEFERRED_CLOSES_MAX wait, before this
         daemon's next unlink, rmdir, rename or truncate, or at unmount. A create + close through the
-        mount is then a lookup and a create."""
+        mount is then a lookup and a create. So does the release of a handle whose writes all reached
+        storage and were published at the last flush (close(2)): meta's close would only end the session
+        (no length hint: nothing to measure), so a create + write + close is a lookup, a create and the
+        flush's length (plus the kernel's security.capability getxattr at the first write)."""
         self._deferred.append(m.SessionRef(inode, session))
         self.stats["closes_deferred"] += 1
         if len(self._deferred) >= DEFERRED_CLOSES_MAX:

@@ -9,6 +9,11 @@ a rename or unlink elsewhere can never make it act on the wrong file. Every call
 uid, gid and groups (the daemon's cluster token may act for any user), so meta checks permissions and
 new files belong to whoever created them.
 
+Directory attributes after this daemon's own changes (ChangedDirs): the kernel forgets a directory's
+attributes whenever an entry in it changes (fs/fuse fuse_dir_changed) and, with `default_permissions`, asks
+for them again at the next path walk through it; meta's reply to the change carries them as its
+transaction committed them, so that GETATTR is answered from them (once, within CHANGED_DIR_FRESH_S).
+
 Permissions have one source of truth: the kernel. The mount uses `default_permissions`, so the kernel has
 checked every call with the caller's full credentials (supplementary groups and capabilities included)
 before it reaches the daemon; the credential goes to meta marked `kernel_checked`, and meta checks nothing
@@ -28,6 +33,8 @@ FUSE_ROOT = 1
 GROUPS_CACHE_S = 1.0  # supplementary groups of a pid are read from /proc at most this often
 GROUPS_CACHE_MAX = 1024
 GIDS_MAX = 64  # meta's limit (meta/users.py)
+CHANGED_DIR_FRESH_S = 1.0  # a directory's attributes from a change answer a GETATTR at most this much later
+CHANGED_DIRS_MAX = 4096  # directories kept at once (more: all are forgotten; each costs a meta getattr)
 
 
 def to_fuse(inode: int) -> int:
@@ -41,6 +48,90 @@ def to_meta(ino: int) -> int:
 def decode(name: bytes) -> str:
     """FUSE names are bytes; meta stores str, with surrogateescape for bytes that are not UTF-8."""
     return name.decode("utf-8", "surrogateescape")
+
+
+class ChangedDirs:
+    """Directories' attributes as this daemon's own entry changes committed them (meta's `parents`), kept to
+    answer the kernel's next GETATTR of each directory without a meta call: that GETATTR follows the change
+    because the kernel invalidated the directory's attributes at it (fuse_dir_changed), and meta would answer
+    what the change committed, unless another client changed the directory in between, which the kernel's
+    own cache (30 s) would hide just the same.
+
+    Each is answered once (`take`), at most `fresh_s` after the change returned. Kept only when nothing
+    else of this daemon changed the directory meanwhile: every local change of a directory (entry changes,
+    setattr, xattrs) is `begin` ... `end`, and a directory's attributes are kept at the end of a change only
+    when no other change of it was in flight at any time during this one (its reply may come before one
+    that committed later); one in flight makes `take` answer None (meta is asked). Changes of directories
+    not known by number (rename and rmdir: the directory moved or removed is named, not numbered) are
+    `everything=True`: they forget all kept attributes, and no change that overlaps one keeps any.
+    Attributes the kernel gets from meta (a lookup, a getattr, an opendir's getattr, a listing) make the
+    kept ones go, and a change in flight keep none (`forget`)."""
+
+    def __init__(self, fresh_s: float = CHANGED_DIR_FRESH_S, clock=time.monotonic):
+        self.fresh_s = fresh_s
+        self._clock = clock
+        self._kept: dict[int, tuple[float, m.InodeAttr]] = {}  # fuse ino -> (when, attributes)
+        self._busy: dict[int, list[int]] = {}  # fuse ino -> [changes in flight, changes begun]
+        self._all_busy = 0  # everything=True changes in flight
+        self._all_gen = 0  # everything=True changes begun
+
+    def begin(self, inos, everything: bool = False) -> tuple:
+        # this change may keep what it returns only if no other change was in flight when it began and
+        # none begins before it ends: then nothing of this daemon can have committed after it unseen
+        calm = self._all_busy == 0
+        if everything:
+            self._all_busy += 1
+            self._all_gen += 1
+            self._kept.clear()
+        mine = []
+        for ino in dict.fromkeys(inos):
+            self._kept.pop(ino, None)
+            b = self._busy.get(ino)
+            if b is None:
+                b = self._busy[ino] = [0, 0]
+            mine.append((ino, b[1] + 1, calm and b[0] == 0))
+            b[0] += 1
+            b[1] += 1
+        return self._all_gen, mine, everything
+
+    def end(self, token: tuple, parents: list[m.InodeAttr]) -> None:
+        """The change `token` (from begin) returned the directories' attributes `parents` (meta inodes)."""
+        all_gen, mine, everything = token
+        if everything:
+            self._all_busy -= 1
+        got = {to_fuse(a.inode): a for a in parents if a.type == m.DIRECTORY}
+        now = self._clock()
+        for ino, gen, calm in mine:
+            b = self._busy[ino]
+            b[0] -= 1
+            alone = calm and b[1] == gen and self._all_gen == all_gen
+            if b[0] == 0:
+                del self._busy[ino]
+            attr = got.get(ino)
+            if alone and attr is not None and self.fresh_s > 0:
+                if len(self._kept) >= CHANGED_DIRS_MAX:
+                    self._kept.clear()
+                self._kept[ino] = (now, attr)
+            else:
+                self._kept.pop(ino, None)
+
+    def take(self, ino: int) -> m.InodeAttr | None:
+        """The kept attributes of directory `ino`, once; None when there are none to trust."""
+        hit = self._kept.pop(ino, None)
+        if hit is None or ino in self._busy or self._all_busy or self._clock() - hit[0] > self.fresh_s:
+            return None
+        return hit[1]
+
+    def forget(self, ino: int) -> None:
+        """The kernel got attributes of `ino` from meta (a lookup, getattr, opendir, listing): drop the
+        kept ones, and keep none from a change of it in flight (its reply may be older than these)."""
+        self._kept.pop(ino, None)
+        b = self._busy.get(ino)
+        if b is not None:
+            b[1] += 1
+
+    def kept(self) -> int:
+        return len(self._kept)
 
 
 class Namespace:
@@ -90,8 +181,9 @@ class Namespace:
         return groups
 
     # -- meta operations -------------------------------------------------------------------------
-    async def lookup(self, parent: int, name: str, user) -> m.InodeAttr:
-        return await self.aio.lookup(to_meta(parent), name, user)
+    async def lookup(self, parent: int, name: str, user) -> m.InodeAttr | None:
+        """None (or FileNotFoundError, from an older meta) when the name does not exist."""
+        return await self.aio.lookup(to_meta(parent), name, user, missing_ok=True)
 
     async def getattr(self, ino: int, user) -> m.InodeAttr:
         return await self.aio.getattr(to_meta(ino), user)
@@ -107,7 +199,7 @@ class Namespace:
         out = await self.aio.batch_stat([(to_meta(parent), n) for n in names], follow=False, user=user)
         return [a if isinstance(a, m.InodeAttr) else None for a in out]
 
-    async def mkdir(self, parent: int, name: str, mode: int, user) -> m.InodeAttr:
+    async def mkdir(self, parent: int, name: str, mode: int, user) -> m.AttrRsp:
         return await self.aio.mkdir_at(to_meta(parent), name, mode, user)
 
     async def create(self, parent: int, name: str, flags: int, mode: int, user) -> m.OpenRsp:
@@ -116,26 +208,27 @@ class Namespace:
     async def open(self, ino: int, flags: int, user) -> m.OpenRsp:
         return await self.aio.open_inode(to_meta(ino), flags, user)
 
-    async def unlink(self, parent: int, name: str, user) -> None:
-        await self.aio.unlink_at(to_meta(parent), name, user)
+    async def unlink(self, parent: int, name: str, user) -> m.ChangedRsp:
+        return await self.aio.unlink_at(to_meta(parent), name, user)
 
-    async def rmdir(self, parent: int, name: str, user) -> None:
-        await self.aio.rmdir_at(to_meta(parent), name, user)
+    async def rmdir(self, parent: int, name: str, user) -> m.ChangedRsp:
+        return await self.aio.rmdir_at(to_meta(parent), name, user)
 
     async def rename(self, parent: int, name: str, new_parent: int, new_name: str, noreplace: bool,
-                     user) -> None:
-        await self.aio.rename_at(to_meta(parent), name, to_meta(new_parent), new_name, noreplace, user)
+                     user) -> m.ChangedRsp:
+        return await self.aio.rename_at(to_meta(parent), name, to_meta(new_parent), new_name, noreplace,
+                                        user)
 
     async def setattr(self, ino: int, user, **fields) -> m.InodeAttr:
         """chmod / chown / utimens / truncate (length=...) of the inode itself."""
         return await self.aio.setattr("", parent=to_meta(ino), follow=False, user=user, **fields)
 
-    async def symlink(self, parent: int, name: str, target: str, user) -> m.InodeAttr:
+    async def symlink(self, parent: int, name: str, target: str, user) -> m.AttrRsp:
         return await self.aio.symlink_at(to_meta(parent), name, target, user)
 
-    async def mknod(self, parent: int, name: str, kind: int, mode: int, rdev: int, user) -> m.InodeAttr:
+    async def mknod(self, parent: int, name: str, kind: int, mode: int, rdev: int, user) -> m.AttrRsp:
         req = m.MknodReq(name, kind, mode, rdev, to_meta(parent), user)
-        return (await self.aio.meta_call("mknod", req, m.AttrRsp)).attr
+        return await self.aio.meta_call("mknod", req, m.AttrRsp)
 
     async def xattr(self, ino: int, op: str, user, name: str = "", value: bytes = b"",
                     flags: int = 0) -> m.XattrRsp:
@@ -143,7 +236,7 @@ class Namespace:
         req = m.XattrReq(op, "", name, value, flags, follow=False, parent=to_meta(ino), user=user)
         return await self.aio.meta_call("xattr", req, m.XattrRsp)
 
-    async def link(self, ino: int, new_parent: int, new_name: str, user) -> m.InodeAttr:
+    async def link(self, ino: int, new_parent: int, new_name: str, user) -> m.AttrRsp:
         return await self.aio.link_at(to_meta(ino), to_meta(new_parent), new_name, user)
 
     async def readlink(self, ino: int, user) -> str:

@@ -80,8 +80,16 @@ async def resolve_existing(walker: Walker, parsed: ParsedPath, follow: bool) -> 
     return entry, await walker.load(entry.dentry.inode)
 
 
-async def stat(tr: Transaction, parsed: ParsedPath, follow: bool, user: UserCred) -> InodeAttr:
+async def stat(tr: Transaction, parsed: ParsedPath, follow: bool, user: UserCred,
+               missing_ok: bool = False) -> InodeAttr | None:
+    """`missing_ok`: None when the last name does not exist (no error raised: the FUSE daemon's lookup of
+    a new name before it creates it); a missing directory on the way is NOT_FOUND all the same."""
     walker = Walker(tr, display(parsed), snapshot=True, user=user)
+    if missing_ok and not parsed.trailing_slash:
+        entry = await walker.resolve(parsed, follow=follow)
+        if entry.dentry is None:
+            return None
+        return schema.to_attr(entry.dentry.inode, await walker.load(entry.dentry.inode))
     entry, inode = await resolve_existing(walker, parsed, follow)
     return schema.to_attr(entry.dentry.inode, inode)
 

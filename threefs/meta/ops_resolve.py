@@ -16,6 +16,7 @@ entry is never created in a directory that was removed in the meantime.
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 from threefs.common import limits
@@ -26,7 +27,7 @@ from threefs.meta import schema
 from threefs.meta.paths import Last, ParsedPath, split_components, split_last
 from threefs.meta.schema import DIRECTORY, SYMLINK, Dentry, Inode
 from threefs.meta.users import ROOT, X, Acl, require
-from threefs.rpc.schemas.meta import UserCred
+from threefs.rpc.schemas.meta import InodeAttr, UserCred
 
 
 class Entry(NamedTuple):
@@ -256,12 +257,30 @@ async def count_subdir(tr: Transaction, dir_id: int, directory: Inode, delta: in
     tr.set(key, raw)
 
 
+# per transaction (one attempt): directory inode -> the record touch_dir wrote for it, the last one
+_DIRS_WRITTEN: "weakref.WeakKeyDictionary[Transaction, dict[int, bytes]]" = weakref.WeakKeyDictionary()
+
+
 def touch_dir(tr: Transaction, dir_id: int, inode: Inode, now_ns: int) -> None:
     """Move a directory's mtime/ctime after an entry was added or removed. Times only move forward, so a
-    server with a slow clock cannot rewind them."""
+    server with a slow clock cannot rewind them. Every other change of the directory's record in the same
+    transaction (a subdirectory count) is made before this, which writes the record (dirs_written)."""
     inode.mtime_ns = max(inode.mtime_ns, now_ns)
     inode.ctime_ns = max(inode.ctime_ns, now_ns)
-    tr.set(schema.inode_key(dir_id), schema.encode(inode))
+    raw = schema.encode(inode)
+    tr.set(schema.inode_key(dir_id), raw)
+    written = _DIRS_WRITTEN.get(tr)
+    if written is None:
+        written = _DIRS_WRITTEN[tr] = {}
+    written[dir_id] = raw
+
+
+def dirs_written(tr: Transaction) -> list[InodeAttr]:
+    """The attributes of the directories whose entries this transaction changed, from the very records it
+    writes (so, once it commits, as committed: see the concurrency rule in schema.py; a concurrent entry
+    change beside it may write the record again later, as any later change may)."""
+    return [schema.to_attr(dir_id, schema.decode_inode(raw))
+            for dir_id, raw in _DIRS_WRITTEN.get(tr, {}).items()]
 
 
 async def is_empty_dir(tr: Transaction, dir_id: int) -> bool:

@@ -118,9 +118,11 @@ class MetaService(KvstoreRpcs):
 
     # -- lookups ---------------------------------------------------------------------------------
     @rpc(m.StatReq)
-    async def stat(self, ctx: CallContext, req: m.StatReq) -> m.StatRsp:
+    async def stat(self, ctx: CallContext, req: m.StatReq) -> m.StatRsp | m.LookupRsp:
         caller = self._caller(ctx, req)
-        return m.StatRsp(await self.store.stat(req.path, req.follow, parent=req.parent, user=caller.user))
+        attr = await self.store.stat(req.path, req.follow, parent=req.parent, user=caller.user,
+                                     missing_ok=req.missing_ok)
+        return m.LookupRsp(attr) if req.missing_ok else m.StatRsp(attr)
 
     @rpc(m.BatchStatReq)
     async def batch_stat(self, ctx: CallContext, req: m.BatchStatReq) -> m.BatchStatRsp:
@@ -156,27 +158,41 @@ class MetaService(KvstoreRpcs):
     # -- creating ----------------------------------------------------------------------------------
     @rpc(m.MkdirReq)
     async def mkdir(self, ctx: CallContext, req: m.MkdirReq) -> m.AttrRsp:
-        caller = self._caller(ctx, req)
-        return m.AttrRsp(await self.store.mkdir(req.path, req.mode, req.parents, req.chunk_size, req.stripe,
-                                                parent=req.parent, caller=caller))
+        caller, dirs = self._caller(ctx, req), []
+        attr = await self.store.mkdir(req.path, req.mode, req.parents, req.chunk_size, req.stripe,
+                                      parent=req.parent, caller=caller, dirs=dirs)
+        return m.AttrRsp(attr, dirs)
 
     @rpc(m.OpenReq)
     async def open(self, ctx: CallContext, req: m.OpenReq) -> m.OpenRsp:
         caller = self._caller(ctx, req)
         writing = req.flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
         stamp = writing and self.clients.needs_stamp(ctx.client_id)
+        dirs = [] if req.flags & os.O_CREAT else None
         if req.flags & os.O_TRUNC:
-            rsp = await self._open_truncating(req, caller, stamp)
+            rsp = await self._open_truncating(req, caller, stamp, dirs)
         else:
             rsp = await self.store.open(req.path, req.flags, req.mode, req.chunk_size, req.stripe,
-                                        parent=req.parent, caller=caller, stamp_client=stamp)
+                                        parent=req.parent, caller=caller, stamp_client=stamp, dirs=dirs)
+        if dirs:
+            rsp.parents = dirs
         if req.flags & os.O_APPEND and rsp.attr.type == m.FILE:  # appends start at the true end
             rsp.attr = await self.data.sync_exact(rsp.attr.inode, "", LengthUpdate(), "", end_session=False)
         return rsp
 
-    async def _open_truncating(self, req: m.OpenReq, caller: Caller, stamp: bool) -> m.OpenRsp:
+    async def _open_truncating(self, req: m.OpenReq, caller: Caller, stamp: bool,
+                               dirs: list | None) -> m.OpenRsp:
         """O_TRUNC: remove the file's chunks first, then truncate in the open's transaction, for the same
-        file and truncate version (else again)."""
+        file and truncate version (else again). With O_CREAT the name is most often new (`open(p, "w")`),
+        so the open is tried first as for no file (NO_FILE): it creates the file, or raises Replan when
+        one is there, and the plan follows (a create costs one transaction, not a failed plan too)."""
+        if req.flags & os.O_CREAT:
+            try:
+                return await self.store.open(req.path, req.flags, req.mode, req.chunk_size, req.stripe,
+                                             parent=req.parent, caller=caller, trunc_plan=NO_FILE,
+                                             stamp_client=stamp, dirs=dirs)
+            except Replan:
+                pass
         for _ in range(TRUNCATE_ROUNDS_MAX):
             try:
                 plan = await self.store.truncate_plan(req.path, 0, parent=req.parent, user=caller.user)
@@ -188,7 +204,7 @@ class MetaService(KvstoreRpcs):
                 return await self.store.open(req.path, req.flags, req.mode, req.chunk_size, req.stripe,
                                              parent=req.parent, caller=caller,
                                              trunc_plan=plan.key if plan is not None else NO_FILE,
-                                             stamp_client=stamp)
+                                             stamp_client=stamp, dirs=dirs)
             except Replan:
                 continue
         raise status_error(StatusCode.BUSY, f"{req.path} kept changing while it was opened with O_TRUNC; "
@@ -196,14 +212,16 @@ class MetaService(KvstoreRpcs):
 
     @rpc(m.SymlinkReq)
     async def symlink(self, ctx: CallContext, req: m.SymlinkReq) -> m.AttrRsp:
-        caller = self._caller(ctx, req)
-        return m.AttrRsp(await self.store.symlink(req.path, req.target, parent=req.parent, caller=caller))
+        caller, dirs = self._caller(ctx, req), []
+        attr = await self.store.symlink(req.path, req.target, parent=req.parent, caller=caller, dirs=dirs)
+        return m.AttrRsp(attr, dirs)
 
     @rpc(m.MknodReq)
     async def mknod(self, ctx: CallContext, req: m.MknodReq) -> m.AttrRsp:
-        caller = self._caller(ctx, req)
-        return m.AttrRsp(await self.store.mknod(req.path, req.type, req.mode, req.rdev, parent=req.parent,
-                                                caller=caller))
+        caller, dirs = self._caller(ctx, req), []
+        attr = await self.store.mknod(req.path, req.type, req.mode, req.rdev, parent=req.parent,
+                                      caller=caller, dirs=dirs)
+        return m.AttrRsp(attr, dirs)
 
     @rpc(m.XattrReq)
     async def xattr(self, ctx: CallContext, req: m.XattrReq) -> m.XattrRsp:
@@ -211,31 +229,37 @@ class MetaService(KvstoreRpcs):
 
     @rpc(m.LinkReq)
     async def link(self, ctx: CallContext, req: m.LinkReq) -> m.AttrRsp:
-        caller = self._caller(ctx, req)
-        return m.AttrRsp(await self.store.link(req.src, req.dst, src_parent=req.src_parent,
-                                               dst_parent=req.dst_parent, caller=caller))
+        caller, dirs = self._caller(ctx, req), []
+        attr = await self.store.link(req.src, req.dst, src_parent=req.src_parent, dst_parent=req.dst_parent,
+                                     caller=caller, dirs=dirs)
+        return m.AttrRsp(attr, dirs)
 
     # -- removing and moving -------------------------------------------------------------------------
     @rpc(m.PathReq)
-    async def unlink(self, ctx: CallContext, req: m.PathReq) -> m.OkRsp:
-        await self.store.unlink(req.path, parent=req.parent, caller=self._caller(ctx, req))
-        return m.OkRsp()
+    async def unlink(self, ctx: CallContext, req: m.PathReq) -> m.ChangedRsp:
+        dirs = []
+        await self.store.unlink(req.path, parent=req.parent, caller=self._caller(ctx, req), dirs=dirs)
+        return m.ChangedRsp(dirs)
 
     @rpc(m.PathReq)
-    async def rmdir(self, ctx: CallContext, req: m.PathReq) -> m.OkRsp:
-        await self.store.rmdir(req.path, parent=req.parent, caller=self._caller(ctx, req))
-        return m.OkRsp()
+    async def rmdir(self, ctx: CallContext, req: m.PathReq) -> m.ChangedRsp:
+        dirs = []
+        await self.store.rmdir(req.path, parent=req.parent, caller=self._caller(ctx, req), dirs=dirs)
+        return m.ChangedRsp(dirs)
 
     @rpc(m.RemoveReq)
-    async def remove(self, ctx: CallContext, req: m.RemoveReq) -> m.OkRsp:
-        await self.store.remove(req.path, req.recursive, parent=req.parent, caller=self._caller(ctx, req))
-        return m.OkRsp()
+    async def remove(self, ctx: CallContext, req: m.RemoveReq) -> m.ChangedRsp:
+        dirs = []
+        await self.store.remove(req.path, req.recursive, parent=req.parent, caller=self._caller(ctx, req),
+                                dirs=dirs)
+        return m.ChangedRsp(dirs)
 
     @rpc(m.RenameReq)
-    async def rename(self, ctx: CallContext, req: m.RenameReq) -> m.OkRsp:
+    async def rename(self, ctx: CallContext, req: m.RenameReq) -> m.ChangedRsp:
+        dirs = []
         await self.store.rename(req.src, req.dst, req.noreplace, src_parent=req.src_parent,
-                                dst_parent=req.dst_parent, caller=self._caller(ctx, req))
-        return m.OkRsp()
+                                dst_parent=req.dst_parent, caller=self._caller(ctx, req), dirs=dirs)
+        return m.ChangedRsp(dirs)
 
     # -- attributes and length -------------------------------------------------------------------------
     @rpc(m.SetattrReq)

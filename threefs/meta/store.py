@@ -17,6 +17,12 @@ this is: a retried request (same client id and request id) gets the first reply 
 their own entry (the dentry keeps the request's fingerprint, and a write session's id is derived from the
 request); removals and renames keep their reply in an IDEM record.
 
+The calls that change a directory's entries (mkdir, open with O_CREAT, symlink, mknod, link, unlink, rmdir,
+remove, rename) take an optional `dirs` list, which they fill with the attributes of the directories whose
+records their transaction wrote, as it committed them (empty when it wrote none, e.g. a create that found the
+file, or a retried request answered from its first reply): the FUSE daemon answers the kernel's next getattr
+of the directory with them.
+
 Storage is not reached from here: truncates and O_TRUNC take a `plan` (the file whose chunks the service
 removed first) and raise Replan when the file changed; the service then runs them again (service.py).
 """
@@ -37,7 +43,7 @@ from threefs.common.ids import FIRST_USER_INODE, INODE_MAX
 from threefs.common.layout import Layout
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.kv import KVEngine, Transaction
-from threefs.meta import ops_attr, ops_create, ops_gc, ops_remove, ops_xattr, schema
+from threefs.meta import ops_attr, ops_create, ops_gc, ops_remove, ops_resolve, ops_xattr, schema
 from threefs.meta.ops_attr import Changes, LengthUpdate, TruncatePlan
 from threefs.meta.ops_create import CreateEnv
 from threefs.meta.paths import ParsedPath, parse_path
@@ -158,8 +164,18 @@ class MetaStore:
 
     # -- plumbing ----------------------------------------------------------------------------------------
 
-    async def _run(self, fn: Callable[[Transaction], Awaitable[T]]) -> T:
-        """kv.run, plus refilling an id block that an attempt found empty (then the operation runs again)."""
+    async def _run(self, fn: Callable[[Transaction], Awaitable[T]],
+                   dirs: list[InodeAttr] | None = None) -> T:
+        """kv.run, plus refilling an id block that an attempt found empty (then the operation runs again).
+        `dirs`: filled with the directories the committed attempt wrote (ops_resolve.dirs_written)."""
+        if dirs is not None:
+            inner = fn
+
+            async def fn(tr: Transaction) -> T:
+                result = await inner(tr)
+                dirs[:] = ops_resolve.dirs_written(tr)
+                return result
+
         for _ in range(REFILL_ROUNDS_MAX):
             try:
                 result = await self._kv.run(fn)
@@ -175,11 +191,12 @@ class MetaStore:
         raise status_error(StatusCode.INTERNAL, f"id blocks ran out {REFILL_ROUNDS_MAX} times in one call")
 
     async def _mutate(self, caller: Caller, result_type: type,
-                      fn: Callable[[Transaction], Awaitable[T]]) -> T:
+                      fn: Callable[[Transaction], Awaitable[T]], dirs: list[InodeAttr] | None = None) -> T:
         """Run a removal or rename; with a request id, record its reply in the same transaction, and answer a
-        retry of the same request with that reply instead of running it again (3FS's IDEM keys)."""
+        retry of the same request with that reply instead of running it again (3FS's IDEM keys; `dirs`
+        stays empty then: the directories may have changed since)."""
         if not _token(caller):
-            return await self._run(fn)
+            return await self._run(fn, dirs)
         key = schema.idem_key(caller.client_id, caller.request_id)
         now_ns = self._clock_ns()
 
@@ -191,7 +208,7 @@ class MetaStore:
             tr.set(key, schema.encode(schema.IdemRecord(now_ns, msgspec.msgpack.encode(result))))
             return result
 
-        return await self._run(once)
+        return await self._run(once, dirs)
 
     def _env(self, now_ns: int, caller: Caller = ANONYMOUS) -> CreateEnv:
         return CreateEnv(
@@ -220,11 +237,12 @@ class MetaStore:
         await self._run(lambda tr: ops_create.init_root(tr, layout, now_ns))
 
     async def stat(self, path: str, follow: bool = True, *, parent: int = NO_PARENT,
-                   user: UserCred = ROOT) -> InodeAttr:
+                   user: UserCred = ROOT, missing_ok: bool = False) -> InodeAttr | None:
         """Attributes of `path`; with follow=False a final symlink itself (lstat). ("", parent=inode) is
-        getattr(inode); ("name", parent=dir inode) is FUSE's lookup."""
+        getattr(inode); ("name", parent=dir inode) is FUSE's lookup. `missing_ok`: None when the last name
+        does not exist, instead of NOT_FOUND."""
         parsed = parse_path(path, parent)
-        return await self._run(lambda tr: ops_attr.stat(tr, parsed, follow, user))
+        return await self._run(lambda tr: ops_attr.stat(tr, parsed, follow, user, missing_ok))
 
     async def batch_stat(self, items: list[tuple[int, str]], follow: bool = True,
                          user: UserCred = ROOT) -> list[InodeAttr | ThreeFSError]:
@@ -242,19 +260,19 @@ class MetaStore:
 
     async def mkdir(
         self, path: str, mode: int = 0o755, parents: bool = False, chunk_size: int = 0, stripe: int = 0,
-        *, parent: int = NO_PARENT, caller: Caller = ANONYMOUS,
+        *, parent: int = NO_PARENT, caller: Caller = ANONYMOUS, dirs: list[InodeAttr] | None = None,
     ) -> InodeAttr:
         """Create a directory. chunk_size/stripe 0 inherit the parent's default layout; others are validated
         and become this directory's default for new files. parents=True acts as `mkdir -p`."""
         parsed, now_ns = parse_path(path, parent), self._clock_ns()
         env = self._env(now_ns, caller)
         return await self._run(lambda tr: ops_create.mkdir(tr, parsed, mode, parents, chunk_size, stripe,
-                                                           env))
+                                                           env), dirs)
 
     async def open(
         self, path: str, flags: int, mode: int = 0o644, chunk_size: int = 0, stripe: int = 0,
         *, parent: int = NO_PARENT, caller: Caller = ANONYMOUS, trunc_plan: tuple[int, int] | None = None,
-        stamp_client: bool = True,
+        stamp_client: bool = True, dirs: list[InodeAttr] | None = None,
     ) -> OpenRsp:
         """open(2) with os.O_* flags. Write opens return a new write session id to pass to close().
         O_TRUNC sets the length to 0 here; removing the data on storage is the service's job, done before
@@ -270,21 +288,21 @@ class MetaStore:
             return await ops_create.open_file(tr, parsed, flags, mode, chunk_size, stripe, session,
                                               caller.client_id, env, trunc_plan, stamp_client)
 
-        return await self._run(fn)
+        return await self._run(fn, dirs)
 
     async def symlink(self, path: str, target: str, *, parent: int = NO_PARENT,
-                      caller: Caller = ANONYMOUS) -> InodeAttr:
+                      caller: Caller = ANONYMOUS, dirs: list[InodeAttr] | None = None) -> InodeAttr:
         """symlink(2): a new name `path` holding `target`."""
         parsed, now_ns = parse_path(path, parent), self._clock_ns()
         env = self._env(now_ns, caller)
-        return await self._run(lambda tr: ops_create.symlink(tr, parsed, target, env))
+        return await self._run(lambda tr: ops_create.symlink(tr, parsed, target, env), dirs)
 
     async def mknod(self, path: str, kind: int, mode: int, rdev: int = 0, *, parent: int = NO_PARENT,
-                    caller: Caller = ANONYMOUS) -> InodeAttr:
+                    caller: Caller = ANONYMOUS, dirs: list[InodeAttr] | None = None) -> InodeAttr:
         """mknod(2) of a special file (schema.SPECIAL_TYPES)."""
         parsed, now_ns = parse_path(path, parent), self._clock_ns()
         env = self._env(now_ns, caller)
-        return await self._run(lambda tr: ops_create.mknod(tr, parsed, kind, mode, rdev, env))
+        return await self._run(lambda tr: ops_create.mknod(tr, parsed, kind, mode, rdev, env), dirs)
 
     async def xattr(self, req, caller: Caller = ANONYMOUS):
         """get / set / list / remove an extended attribute (rpc.schemas.meta.XattrReq)."""
@@ -292,12 +310,12 @@ class MetaStore:
         return await self._run(lambda tr: ops_xattr.xattr(tr, parsed, req, caller.user, now_ns))
 
     async def link(self, src: str, dst: str, *, src_parent: int = NO_PARENT, dst_parent: int = NO_PARENT,
-                   caller: Caller = ANONYMOUS) -> InodeAttr:
+                   caller: Caller = ANONYMOUS, dirs: list[InodeAttr] | None = None) -> InodeAttr:
         """link(2): another name for a file or symlink (not followed)."""
         src_parsed, dst_parsed, now_ns = parse_path(src, src_parent), parse_path(dst, dst_parent), \
             self._clock_ns()
         env = self._env(now_ns, caller)
-        return await self._run(lambda tr: ops_create.link(tr, src_parsed, dst_parsed, env))
+        return await self._run(lambda tr: ops_create.link(tr, src_parsed, dst_parsed, env), dirs)
 
     async def readlink(self, path: str, *, parent: int = NO_PARENT, user: UserCred = ROOT) -> str:
         parsed = parse_path(path, parent)
@@ -320,33 +338,38 @@ class MetaStore:
         return await self._run(lambda tr: ops_attr.setattr(tr, parsed, follow, changes, caller.user, now_ns,
                                                            self._table_info))
 
-    async def unlink(self, path: str, *, parent: int = NO_PARENT, caller: Caller = ANONYMOUS) -> None:
+    async def unlink(self, path: str, *, parent: int = NO_PARENT, caller: Caller = ANONYMOUS,
+                     dirs: list[InodeAttr] | None = None) -> None:
         """Remove a file or symlink name; a file left without names goes to the GC queue."""
         parsed, now_ns = parse_path(path, parent), self._clock_ns()
-        await self._mutate(caller, type(None), lambda tr: ops_remove.unlink(tr, parsed, caller.user, now_ns))
+        await self._mutate(caller, type(None), lambda tr: ops_remove.unlink(tr, parsed, caller.user, now_ns),
+                           dirs)
 
-    async def rmdir(self, path: str, *, parent: int = NO_PARENT, caller: Caller = ANONYMOUS) -> None:
+    async def rmdir(self, path: str, *, parent: int = NO_PARENT, caller: Caller = ANONYMOUS,
+                    dirs: list[InodeAttr] | None = None) -> None:
         """Remove an empty directory."""
         parsed, now_ns = parse_path(path, parent), self._clock_ns()
-        await self._mutate(caller, type(None), lambda tr: ops_remove.rmdir(tr, parsed, caller.user, now_ns))
+        await self._mutate(caller, type(None), lambda tr: ops_remove.rmdir(tr, parsed, caller.user, now_ns),
+                           dirs)
 
     async def remove(self, path: str, recursive: bool = False, *, parent: int = NO_PARENT,
-                     caller: Caller = ANONYMOUS) -> bool:
+                     caller: Caller = ANONYMOUS, dirs: list[InodeAttr] | None = None) -> bool:
         """Remove any entry; `recursive` hands a non-empty directory to GC in one transaction (returns True
         then). For a user other than root the whole tree is permission-checked first."""
         parsed, now_ns = parse_path(path, parent), self._clock_ns()
         if recursive and caller.user.uid != 0:
             await self._run(lambda tr: ops_remove.check_tree(tr, parsed, caller.user))
         return await self._mutate(caller, bool, lambda tr: ops_remove.remove(
-            tr, parsed, recursive, caller.user, now_ns))
+            tr, parsed, recursive, caller.user, now_ns), dirs)
 
     async def rename(self, src: str, dst: str, noreplace: bool = False, *, src_parent: int = NO_PARENT,
-                     dst_parent: int = NO_PARENT, caller: Caller = ANONYMOUS) -> None:
+                     dst_parent: int = NO_PARENT, caller: Caller = ANONYMOUS,
+                     dirs: list[InodeAttr] | None = None) -> None:
         """rename(2), atomic, POSIX rules; noreplace is RENAME_NOREPLACE. A replaced file goes to GC."""
         src_parsed, dst_parsed = parse_path(src, src_parent), parse_path(dst, dst_parent)
         now_ns = self._clock_ns()
         await self._mutate(caller, type(None), lambda tr: ops_remove.rename(
-            tr, src_parsed, dst_parsed, noreplace, caller.user, now_ns))
+            tr, src_parsed, dst_parsed, noreplace, caller.user, now_ns), dirs)
 
     # -- file length -------------------------------------------------------------------------------------
 

@@ -10,6 +10,13 @@ Only a privileged principal (the cluster token, the FUSE daemon) may set it; for
 absent or equal to the principal's own identity. Mutations carry a `request_id` (unique per client
 connection): a retry with the same id after a lost reply returns the first reply instead of failing
 (`EEXIST`) or acting twice. The client library fills both in.
+
+The replies of the calls that add or remove names (open with O_CREAT, mkdir, symlink, mknod, link, unlink,
+rmdir, remove, rename) carry `parents`: the attributes of each directory whose entries the call changed, as
+its transaction committed them (new mtime/ctime, and nlink after a subdirectory came or went). Empty when
+it changed none (a create that found the file, a retried request answered from its first reply) and from
+servers older than the field; clients older than it ignore it. The FUSE daemon answers the kernel's next
+getattr of that directory with them (docs/fuse.md).
 """
 
 from __future__ import annotations
@@ -73,15 +80,24 @@ class PathAt(msgspec.Struct, array_like=True):
     path: str
 
 
-class StatReq(msgspec.Struct):
+class StatReq(msgspec.Struct, omit_defaults=True):
     path: str
     follow: bool = True  # False: lstat (a final symlink itself)
     parent: int = NO_PARENT
     user: UserCred | None = None
+    # a last name that does not exist answers LookupRsp(attr=None) instead of NOT_FOUND (the FUSE daemon's
+    # lookup of a name it is about to create: no error path on either side); older servers ignore it
+    missing_ok: bool = False
 
 
 class StatRsp(msgspec.Struct):
     attr: InodeAttr
+
+
+class LookupRsp(msgspec.Struct):
+    """stat's reply to a request with missing_ok (a StatRsp decodes as one)."""
+
+    attr: InodeAttr | None = None
 
 
 class BatchStatReq(msgspec.Struct):
@@ -118,10 +134,11 @@ class OpenReq(msgspec.Struct):
     request_id: int = 0
 
 
-class OpenRsp(msgspec.Struct):
+class OpenRsp(msgspec.Struct, omit_defaults=True):
     attr: InodeAttr
     session: str = ""  # write session id ("" for read-only opens)
     truncated: bool = False  # O_TRUNC removed existing data
+    parents: list[InodeAttr] = []  # O_CREAT that created the file: its directory, as committed (above)
 
 
 class CloseReq(msgspec.Struct):
@@ -158,8 +175,15 @@ class SyncReq(msgspec.Struct):
     exact: bool = False
 
 
-class AttrRsp(msgspec.Struct):
+class AttrRsp(msgspec.Struct, omit_defaults=True):
     attr: InodeAttr
+    parents: list[InodeAttr] = []  # mkdir, symlink, mknod, link: the directories changed (module docstring)
+
+
+class ChangedRsp(msgspec.Struct, omit_defaults=True):
+    """unlink / rmdir / remove / rename (older servers answer OkRsp: no fields, decodes as this)."""
+
+    parents: list[InodeAttr] = []  # the directories whose entries changed, as committed (module docstring)
 
 
 class ReaddirReq(msgspec.Struct):
