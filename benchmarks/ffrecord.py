@@ -17,7 +17,8 @@ the best round counting:
     `--small-files` of them, spread over directories of 1000)
   - the reference server of benchmarks/refserver.py (three plain Python processes preadv-ing the local
     file) reading the samples of the same seeded batches, batch by batch       <- issue 15's baseline
-  - FFRecordDataset + DataLoader, in-process and with 2 forked workers, threefs (whole pipeline, CRC on)
+  - FFRecordDataset + DataLoader, in-process and with 2 forked workers, threefs (whole pipeline, CRC on),
+    with the CPU per batch of the main process, each worker and the storage services
 Local files are read warm (just written, page cache), as the storage services' chunk files are.
 Prints samples/s and GB/s (10^9 B/s) per row and the ratio to the local os.pread reader. The machine
 is shared and noisy: compare ratios within one run.
@@ -122,27 +123,49 @@ def small_file_reader(paths: list[str]):
     return read
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pids) -> float:
+    """CPU seconds (user + system, all threads) the processes used so far."""
+    total = 0
+    for pid in pids:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / TICK
+
+
 def dataloader_rate(fs: Client, path: str, n: int, batch: int, seconds: float, size: int,
-                    workers: int = 2) -> tuple[float, float]:
+                    storage_pids: list[int], workers: int = 2) -> tuple[float, float, str]:
+    """(samples/s, GB/s, CPU per batch of the main process, each worker and the storage services)."""
     from threefs.ffrecord.torch import DataLoader, FFRecordDataset
 
     loader = DataLoader(FFRecordDataset(path, client=fs), batch_size=batch, shuffle=True, seed=1,
                         num_workers=workers, collate_fn=lambda b: len(b), persistent_workers=workers > 0)
-    count, t0 = 0, None
+    count, batches, t0 = 0, 0, None
     while t0 is None or time.perf_counter() - t0 < seconds:
         for got in loader:
             if t0 is None:  # the first batch includes starting the workers
                 t0 = time.perf_counter()
+                pids = [w.pid for w in loader._iterator._workers] if workers else []
+                cpu0 = [proc_cpu([os.getpid()]), *(proc_cpu([p]) for p in pids), proc_cpu(storage_pids)]
                 continue
             count += got
+            batches += 1
             if time.perf_counter() - t0 >= seconds:
                 break
     dt = time.perf_counter() - t0
+    cpu = [proc_cpu([os.getpid()]), *(proc_cpu([p]) for p in pids), proc_cpu(storage_pids)]
+    us = [(b - a) / max(1, batches) * 1e6 for a, b in zip(cpu0, cpu)]
+    names = ["main", *(f"worker {i}" for i in range(len(pids))), "storage"]
+    note = "CPU us/batch: " + ", ".join(f"{k} {v:,.0f}" for k, v in zip(names, us))
+    note += f" (total {sum(us):,.0f}; {sum(us) * batches / dt / 1e6:.2f} cores busy)"
     del loader
-    return count / dt, count * size / dt / 1e9
+    return count / dt, count * size / dt / 1e9, note
 
 
-def run_size(fs: Client, tmp: str, mnt: str | None, size: int, args) -> list[tuple[str, float, float]]:
+def run_size(fs: Client, tmp: str, mnt: str | None, size: int, args,
+             storage_pids: list[int]) -> list[tuple[str, float, float]]:
     n = max(args.batch, args.mib * MiB // size)
     samples, sizes = make_samples(n, size)
     local, remote = os.path.join(tmp, f"s{size}.ffr"), f"/bench/s{size}.ffr"
@@ -188,10 +211,15 @@ def run_size(fs: Client, tmp: str, mnt: str | None, size: int, args) -> list[tup
         r.close()
     out = [(name, *best[name]) for name in [*rows, ref_name]]
     if not args.no_dataloader:
-        out.append(("DataLoader in-process, threefs, CRC on",
-                    *dataloader_rate(fs, remote, n, args.batch, args.seconds * args.rounds, size, workers=0)))
-        out.append(("DataLoader 2 workers, threefs, CRC on",
-                    *dataloader_rate(fs, remote, n, args.batch, args.seconds * args.rounds, size)))
+        best = {0: (0.0, 0.0, ""), 2: (0.0, 0.0, "")}
+        for _ in range(args.rounds):  # interleaved rounds here too, the best of each
+            for workers in best:
+                best[workers] = max(best[workers], dataloader_rate(fs, remote, n, args.batch, args.seconds, size,
+                                                                   storage_pids, workers=workers))
+        out.append(("DataLoader in-process, threefs, CRC on", *best[0][:2]))
+        out.append(("DataLoader 2 workers, threefs, CRC on", *best[2][:2]))
+        print(f"{size} B DataLoader in-process: {best[0][2]}\n{size} B DataLoader 2 workers: {best[2][2]}",
+              flush=True)
     return out
 
 
@@ -227,10 +255,11 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="threefs-ffrecord-", dir=os.environ.get("TMPDIR")) as tmp:
         with local_cluster(tmp, args.storage, args.replicas, fuse=not args.no_fuse) as (cluster, mnt):
+            storage_pids = [pid for name, pid in cluster.running().items() if name.startswith("storage")]
             with Client.connect(str(cluster.client_config_path)) as fs:
                 fs.mkdir("/bench")
                 for size in (int(s) for s in args.sizes.split(",")):
-                    results.append((size, run_size(fs, tmp, mnt, size, args)))
+                    results.append((size, run_size(fs, tmp, mnt, size, args, storage_pids)))
     print(f"\n{args.storage} storage services, R={args.replicas}, batch {args.batch}, best of {args.rounds} "
           f"rounds of {args.seconds:g} s per row, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     for size, rows in results:

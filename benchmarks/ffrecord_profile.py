@@ -83,6 +83,8 @@ def main() -> None:
     ap.add_argument("--py-spy", metavar="DIR", help="also record the client and the storage services with py-spy "
                     "(collapsed stacks: DIR/client.txt, DIR/storage-N.txt)")
     ap.add_argument("--spy-storage", action="store_true", help="with --py-spy: the storage services too")
+    ap.add_argument("--rotate", action="store_true", help="every batch to the next storage service (the "
+                    "caller-thread path's turn not kept per thread), to compare")
     args = ap.parse_args()
     n = max(args.batch, args.mib * (1 << 20) // args.size)
     samples, sizes = make_samples(n, args.size)
@@ -95,6 +97,7 @@ def main() -> None:
                 fs.mkdir("/bench")
                 local, remote = os.path.join(tmp, "s.ffr"), "/bench/s.ffr"
                 write_ffr(local, samples), write_ffr(remote, samples, fs)
+                fs._storage_sync.sticky = not args.rotate
                 r = FileReader(remote, True, client=fs)
                 for idx in all_idx[:50]:  # warm: connections, page cache, caches
                     r.read(idx)

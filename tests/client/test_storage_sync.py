@@ -90,8 +90,9 @@ def test_dead_service_ios_fail_over_on_the_loop_path(private_cluster, rng):
         fs.mkdir("/d")
         path, data = _sparse_file(fs, "/d", rng)
         attr = fs.stat(path)
-        _check_batches(fs, attr, data, rng, batches=3)  # connections to every service are pooled now
         sync = fs._storage_sync
+        sync.sticky = False  # batches take turns over the services, so some go to the dead one
+        _check_batches(fs, attr, data, rng, batches=3)  # connections to every service are pooled now
         handed = sync.handed_over
         mgmtds = [pid for name, pid in cluster.running().items() if name.startswith("mgmtd")]
         # mgmtd frozen: the client's routing keeps listing the dead service's targets as SERVING, so
@@ -106,3 +107,68 @@ def test_dead_service_ios_fail_over_on_the_loop_path(private_cluster, rng):
                 os.kill(pid, signal.SIGCONT)
         # a 64-IO batch goes to one service, the next batch to the next: some went to the dead one
         assert sync.handed_over > handed
+
+
+def _every_chain_file(fs, d, rng):
+    """16 chunks of 64 KiB over 4 chains; batches that touch every chunk (so every chain, and a plan numbers
+    the services alike for each of them)."""
+    fs.mkdir(f"{d}/every", chunk_size=64 * KiB, stripe=4)
+    data = rng.randbytes(16 * 64 * KiB)
+    fs.write_bytes(f"{d}/every/f", data)
+    return fs.stat(f"{d}/every/f"), data
+
+
+def _read_every_chunk(fs, attr, data, rng) -> None:
+    items = [(attr, c * 64 * KiB + rng.randrange(60 * KiB), bytearray(1 * KiB)) for c in range(16) for _ in range(4)]
+    assert fs.batch_read(items) == [1 * KiB] * len(items)
+    for _, off, buf in items:
+        assert bytes(buf) == data[off:off + KiB]
+
+
+def _services_used(fs) -> set[str]:
+    pool = fs._storage_sync._pool
+    return {addr for addr, n in pool._count.items() if n}
+
+
+def test_a_threads_batches_stay_on_one_service(cluster, fs, d, rng):
+    attr, data = _every_chain_file(fs, d, rng)
+    with Client.connect(str(cluster.client_config_path)) as c:  # a client of its own: no pooled connections
+        for _ in range(9):  # rotating, 9 batches would visit all 3 services
+            _read_every_chunk(c, attr, data, rng)
+        assert len(_services_used(c)) == 1
+        other = threading.Thread(target=lambda: [_read_every_chunk(c, attr, data, rng) for _ in range(3)])
+        other.start()
+        other.join(timeout=120)
+        assert len(_services_used(c)) == 2  # the next thread takes the next turn
+    with Client.connect(str(cluster.client_config_path)) as c:
+        c._storage_sync.sticky = False  # the round robin per batch, for contrast
+        for _ in range(9):
+            _read_every_chunk(c, attr, data, rng)
+        assert len(_services_used(c)) == 3
+
+
+def test_a_thread_moves_on_from_a_service_that_failed_its_batch(private_cluster, rng):
+    cluster = private_cluster(3, 3)
+    with Client.connect(str(cluster.client_config_path)) as fs:
+        fs.mkdir("/d")
+        attr, data = _every_chain_file(fs, "/d", rng)
+        _read_every_chunk(fs, attr, data, rng)
+        [addr] = _services_used(fs)
+        routing = fs.run(fs.aio.mgmtd.get())
+        [node] = [n.node_id for n in routing.info.nodes.values() if n.addr == addr]
+        name = f"storage-{node - 100}"  # (LocalCluster numbers storage-i as node 100 + i)
+        sync = fs._storage_sync
+        handed = sync.handed_over
+        mgmtds = [pid for n, pid in cluster.running().items() if n.startswith("mgmtd")]
+        for pid in mgmtds:  # routing keeps listing the dead service's targets as SERVING
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            cluster.kill(name)
+            for _ in range(5):
+                _read_every_chunk(fs, attr, data, rng)
+        finally:
+            for pid in mgmtds:
+                os.kill(pid, signal.SIGCONT)
+        # the first batch found the service dead and was read elsewhere; the thread went on to the next
+        # service, whose batches needed no help
+        assert sync.handed_over == handed + 1

@@ -259,14 +259,16 @@ class StorageClient:
             except ThreeFSError:
                 pass
 
-    def _plan(self, routing: Routing, batch: "ReadBatch", idx: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    def _plan(self, routing: Routing, batch: "ReadBatch", idx: np.ndarray,
+              turn: int | None = None) -> list[tuple[str, np.ndarray]]:
         """Pick a SERVING replica per IO and cut the IOs into requests: [(service address, IO indices)].
 
         Small IOs cost per request, not per byte: runs of PACKED_IOS_MAX of them go to one service (where
         their chains have a replica there), each run to the next service in turn; big IOs (received
-        straight into their destination) spread one by one. Vectorised: per chain, not per IO, in Python."""
+        straight into their destination) spread one by one. Vectorised: per chain, not per IO, in Python.
+        `turn` is where the turn starts (default: the next of this client's round robin)."""
         if len(idx) <= PLAN_SMALL_IOS_MAX and not batch.avoid:
-            return self._plan_small(routing, batch, idx)
+            return self._plan_small(routing, batch, idx, turn)
         ios = batch.ios
         chains, inv = np.unique(ios["chain"][idx], return_inverse=True)
         addrs: list[str] = []
@@ -303,7 +305,7 @@ class StorageClient:
             return []
         lengths = ios["length"][idx]
         small = lengths < SOLO_IO_BYTES_MIN
-        rr = next(self._rr)
+        rr = next(self._rr) if turn is None else turn
         pref = np.empty(len(idx), dtype=np.int64)
         pref[small] = (np.arange(int(small.sum())) // PACKED_IOS_MAX + rr) % n_nodes
         pref[~small] = (np.arange(int((~small).sum())) + rr) % n_nodes
@@ -342,7 +344,8 @@ class StorageClient:
                     requests.append((addr, idx[part[i:i + step]]))
         return requests
 
-    def _plan_small(self, routing: Routing, batch: "ReadBatch", idx: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    def _plan_small(self, routing: Routing, batch: "ReadBatch", idx: np.ndarray,
+                    turn: int | None = None) -> list[tuple[str, np.ndarray]]:
         """_plan for a few IOs (FUSE reads: one to a gate opening's 64), in plain Python: the same choices
         (small IOs together on the turn's service where their chain has a replica, else the next; big ones
         spread one by one), without numpy's fixed cost per call. Measured per plan (same process, min of 5,
@@ -367,7 +370,7 @@ class StorageClient:
                     addrs.append(addr)
                 on[j] = t
         n_nodes = len(addrs)
-        rr = next(self._rr)
+        rr = next(self._rr) if turn is None else turn
         small_at: dict[int, list[int]] = {}  # node -> positions of its small IOs
         small_node: dict[int, int] = {}  # chain -> node of its small IOs (all prefer the same node)
         requests: list[tuple[str, np.ndarray]] = []
