@@ -108,3 +108,26 @@ def test_dead_service_ios_are_read_from_another_replica(private_cluster, rng):
             for pid in mgmtds:
                 os.kill(pid, signal.SIGCONT)
         assert sync.handed_over > handed
+
+
+def test_small_reads_of_one_file(fs, d, rng):
+    """Reads of one file that each lie in one chunk (FFRecord samples) are cut into IOs by a shorter path:
+    the same IO records as the general one, and the file's bytes."""
+    attrs, datas = _files(fs, d, rng)
+    attr, data = attrs[0], datas[0]
+    routing = fs.run(fs.aio.mgmtd.get())
+    for trial in range(20):
+        n = rng.randrange(1, 100)
+        offsets = np.array([rng.randrange(len(data) - 2 * KiB) for _ in range(n)], dtype=np.int64)
+        lengths = np.array([rng.randrange(1, 2 * KiB) for _ in range(n)], dtype=np.int64)
+        lengths = np.minimum(lengths, 64 * KiB - offsets % (64 * KiB))  # each inside its chunk
+        zeros = np.zeros(n, dtype=np.int64)
+        fast = fs.aio._chunk_ios(routing, [attr], zeros, offsets, lengths)
+        general = fs.aio._chunk_ios(routing, [attr, attr], zeros, offsets, lengths)  # two files: the general path
+        assert fast[0].tobytes() == general[0].tobytes(), trial
+        assert fast[1].tolist() == general[1].tolist() and fast[2].tolist() == general[2].tolist()
+        dest_offsets = np.cumsum(lengths) - lengths
+        dest = bytearray(int(lengths.sum()))
+        got = fs.read_columns([attr], zeros, offsets, lengths, dest, dest_offsets)
+        assert got == lengths.tolist()
+        assert bytes(dest) == b"".join(data[o:o + ln] for o, ln in zip(offsets.tolist(), lengths.tolist()))

@@ -332,6 +332,10 @@ class AsyncClient:
     def _chunk_ios(self, routing, attrs: list[m.InodeAttr], file_of: np.ndarray, off: np.ndarray, n: np.ndarray):
         """One IO per (read, chunk touched): (IO_DTYPE records, read of each IO, each IO's first byte in its
         file, {read: error} for reads that cannot be done at all). Vectorised over the reads."""
+        if len(attrs) == 1:
+            fast = self._one_chunk_ios(routing, attrs[0], off, n)
+            if fast is not None:
+                return fast
         # per file: chunk size, inode, and the chain of chunk index i = lookup[base + i % stripe]
         cs_f = np.array([a.layout.chunk_size for a in attrs], dtype=np.int64)
         inode_f = np.array([a.inode for a in attrs], dtype=np.uint64)
@@ -377,6 +381,27 @@ class AsyncClient:
         ios["offset"] = begin - chunk_start
         ios["length"] = end - begin
         return ios, rep, begin, req_errors
+
+    def _one_chunk_ios(self, routing, attr: m.InodeAttr, off: np.ndarray, n: np.ndarray):
+        """_chunk_ios of reads of one file that each lie in one chunk and are not empty (small random reads:
+        FFRecord samples), in a third of the numpy calls; None for anything else."""
+        cs = attr.layout.chunk_size
+        first = off // cs
+        if not len(n) or int(n.min()) <= 0 or ((off + n - 1) // cs != first).any():
+            return None
+        if int(first.max()) > CHUNK_INDEX_MAX:
+            return None  # (the general path says which read)
+        try:
+            chains = self._chains_of(routing, attr.layout)
+        except ThreeFSError:
+            return None
+        ios = np.zeros(len(n), dtype=IO_DTYPE)
+        ios["chain"] = chains[first % len(chains)]
+        ios["chunk"]["inode"] = attr.inode
+        ios["chunk"]["index"] = first
+        ios["offset"] = off - first * cs
+        ios["length"] = n
+        return ios, np.arange(len(n), dtype=np.int64), off, {}
 
     def _chains_of(self, routing, layout) -> np.ndarray:
         """The chain of each stripe position of a layout (chunk i is on entry i % stripe), cached per routing."""
