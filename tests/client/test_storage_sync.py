@@ -172,3 +172,39 @@ def test_a_thread_moves_on_from_a_service_that_failed_its_batch(private_cluster,
         # the first batch found the service dead and was read elsewhere; the thread went on to the next
         # service, whose batches needed no help
         assert sync.handed_over == handed + 1
+
+
+def _child_services(fs, attr, data, seed, q):
+    import random
+
+    try:
+        for _ in range(4):
+            _read_every_chunk(fs, attr, data, random.Random(seed))
+        q.put(sorted(_services_used(fs)))
+    except BaseException as e:  # report, never hang the parent
+        q.put(repr(e))
+
+
+def test_forked_workers_stay_on_different_services(fs, d, rng):
+    """Workers forked one after another (a DataLoader's) start their turn on consecutive services, whatever
+    their process ids (threads started between the forks take ids too, as a started worker's own threads
+    do): two of them read from two different services, each from one."""
+    import multiprocessing as mp
+
+    attr, data = _every_chain_file(fs, d, rng)
+    ctx = mp.get_context("fork")
+    for trial in range(3):
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_child_services, args=(fs, attr, data, trial * 2 + k, q)) for k in range(2)]
+        procs[0].start()
+        for _ in range(trial + 2):  # ids taken between the two forks: the pids differ by 3, 4 and 5
+            t = threading.Thread(target=lambda: None)
+            t.start()
+            t.join()
+        procs[1].start()
+        got = [q.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+        assert all(isinstance(g, list) and len(g) == 1 for g in got), got
+        assert got[0] != got[1], got

@@ -34,6 +34,22 @@ from threefs.rpc.client import _decoder
 from threefs.rpc.frame import KIND_REQUEST, body_encoder
 from threefs.rpc.schemas import storage as ss
 
+# Where this process's threads start taking turns (see SyncStorageReads.read): its pid, and in a forked child
+# the parent's start plus the number of forks the parent had made, so the workers a process forks one after
+# another (a DataLoader's) start on consecutive services whatever their pids.
+_spread = [os.getpid(), 0]  # [start, forks made by this process]
+
+
+def _before_fork() -> None:
+    _spread[1] += 1
+
+
+def _after_fork_in_child() -> None:
+    _spread[0], _spread[1] = _spread[0] + _spread[1], 0
+
+
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
 SYNC_CONNECTIONS_PER_SERVER = 8  # blocking connections per storage service (one per thread reading)
 SYNC_BATCH_BYTES_MAX = 16 * limits.MiB
 
@@ -42,13 +58,14 @@ class SyncStorageReads:
     """Pooled blocking connections to the storage services of one AsyncClient. Safe to use from any
     number of threads; belongs to the process that made it."""
 
+    sticky = True  # False: every batch takes the next turn of the storage client's round robin
+
     def __init__(self, aio, timeout: float):
         self._aio = aio
         self._timeout = timeout
         self._pool = BlockingPool(lambda: aio.config.token, lambda: aio.rpc.client_id, timeout,
                                   SYNC_CONNECTIONS_PER_SERVER)
         self._turns = threading.local()  # per thread: the service its small batches start at (see read)
-        self.sticky = True  # False: every batch takes the next turn of the storage client's round robin
         self.batches = 0  # batches served here (first pass), for tests and statistics
         self.handed_over = 0  # batches some of whose IOs then went to the loop's path
 
@@ -69,13 +86,14 @@ class SyncStorageReads:
         # the round robin once): a thread reads one batch at a time, and a service that served the thread's
         # last batch serves the next one for less CPU than a cold one (measured, 64 x 1 KiB fresh IOs per
         # request: storage 207-233 us per request when a thread stays on one service, 260-270 rotating)
-        # (the process id spreads forked DataLoader workers, whose clients all start their round robin at 0);
-        # a batch some of whose IOs had to be handed over moves the thread on to the next service
+        # (offset per process, see _spread: forked DataLoader workers, whose clients all start their round
+        # robin at 0, start on consecutive services); a batch some of whose IOs had to be handed over moves
+        # the thread on to the next service
         turn = None
         if self.sticky:
             turn = getattr(self._turns, "turn", None)
             if turn is None:
-                turn = self._turns.turn = next(storage._rr) + os.getpid()
+                turn = self._turns.turn = next(storage._rr) + _spread[0]
         requests = storage._plan(routing, batch, pending, turn)
         by_addr: dict[str, list[np.ndarray]] = {}
         for addr, idx in requests:
