@@ -131,3 +131,33 @@ def test_small_reads_of_one_file(fs, d, rng):
         got = fs.read_columns([attr], zeros, offsets, lengths, dest, dest_offsets)
         assert got == lengths.tolist()
         assert bytes(dest) == b"".join(data[o:o + ln] for o, ln in zip(offsets.tolist(), lengths.tolist()))
+
+
+def test_fixed_size_records_are_received_in_place(cluster, fs, d, rng):
+    """Reads whose lengths are multiples of 64 B, back to back in one buffer (fixed-size samples), are
+    received from the socket straight into it (no scratch buffer, no copy), holes included; other layouts
+    are copied out of the connection's buffer as before. Same bytes either way."""
+    attrs, datas = _files(fs, d, rng)
+    attr, data = attrs[0], datas[0]  # 200 KiB, a hole to 500 KiB, 50 KiB
+    with Client.connect(str(cluster.client_config_path)) as c:  # a client of its own: fresh connections
+
+        def scratch_bytes() -> int:
+            return sum(len(conn._scratch) for conns in c._storage_sync._pool._idle.values() for conn in conns)
+
+        for size, gap in [(1 * KiB, 0), (4 * KiB, 0), (64 * KiB, 0), (1 * KiB, 7)]:
+            for _ in range(6):
+                n = min(64, (4 << 20) // size)
+                # (inside the file: a read cut short by its end would shift the ones after it)
+                offsets = np.array([rng.randrange(0, len(data) - size) // 64 * 64 for _ in range(n)], dtype=np.int64)
+                # 64 KiB chunks: one IO each, multiples of 64 B
+                lengths = np.minimum(np.full(n, size, dtype=np.int64), 64 * KiB - offsets % (64 * KiB))
+                dest_offsets = np.cumsum(lengths + gap) - lengths - gap
+                dest = np.full(int(dest_offsets[-1] + lengths[-1]), 0xAB, dtype=np.uint8)
+                got = c.read_columns([attr], np.zeros(n, dtype=np.int64), offsets, lengths, dest, dest_offsets)
+                for o, ln, p, g in zip(offsets.tolist(), lengths.tolist(), dest_offsets.tolist(), got):
+                    want = data[o:o + ln]
+                    assert g == len(want) and dest[p:p + g].tobytes() == want, (size, o, ln)
+            if gap:  # not laid out as the payload: received into the connection's buffer
+                assert scratch_bytes() > 0
+            else:
+                assert scratch_bytes() == 0, size

@@ -486,7 +486,8 @@ class StorageClient:
     def apply_packed(self, addr: str, rsp: ss.PackedReadRsp, payload, batch: "ReadBatch", idx: np.ndarray,
                      lengths: np.ndarray, ends: np.ndarray, single: bool, zero_copy: bool = False) -> None:
         """Check a read_packed response's IOs (status, crc32c of what arrived) and place their bytes in
-        the batch's destinations (`single`: the payload was received into the one IO's destination).
+        the batch's destinations (`single`: the payload was received in place, into the one IO's destination
+        or into destinations laid out as the payload's slots, client/storage_sync.py _in_place).
         Plain CPU work: also used by the caller-thread read path (client/storage_sync.py).
 
         A zero_copy request's whole chunk may come unchecked by the server: its write-time crc is always
@@ -513,6 +514,9 @@ class StorageClient:
                                                        res["data_crc"].tolist(), status.tolist())):
             if st:
                 errors[k] = status_error(st, f"{addr}: {rsp.messages.get(pos, '')}")
+                if single and len(idx) > 1:  # received in place: the slot's bytes are not this IO's
+                    o = dest_off[k]
+                    dests[dest_of[k]][o:o + want] = bytes(want)
                 continue
             d = dests[dest_of[k]]
             o = dest_off[k]
