@@ -85,7 +85,14 @@ def main() -> None:
     ap.add_argument("--spy-storage", action="store_true", help="with --py-spy: the storage services too")
     ap.add_argument("--rotate", action="store_true", help="every batch to the next storage service (the "
                     "caller-thread path's turn not kept per thread), to compare")
+    ap.add_argument("--copy", action="store_true", help="receive multi-IO responses into the connection's "
+                    "buffer and copy them out (as before the in-place receive), to compare")
     args = ap.parse_args()
+    if args.copy:
+        from threefs.client import storage_sync
+
+        in_place = storage_sync._in_place
+        storage_sync._in_place = lambda batch, idx, *a: in_place(batch, idx, *a) if len(idx) == 1 else None
     n = max(args.batch, args.mib * (1 << 20) // args.size)
     samples, sizes = make_samples(n, args.size)
     rng = np.random.default_rng(n)

@@ -50,15 +50,24 @@ def test_small_batches_read_from_the_callers_thread(fs, d, rng):
     _check_batches(fs, attr, data, rng, batches=20)
     assert sync.batches - before == 20  # every batch took this path ...
     assert sync.handed_over == handed  # ... and needed nothing of the loop's
-    # a batch with a big IO (one 300 KiB piece of a 1 MiB chunk) takes the loop's path: it is received
-    # straight into the caller's buffer there
+    # a batch with a big IO (one 300 KiB piece of a 1 MiB chunk) is read here too, as a request of its own
+    # received straight into the caller's buffer ...
     fs.mkdir(f"{d}/big", chunk_size=1024 * KiB)
-    big = rng.randbytes(400 * KiB)
+    big = rng.randbytes(12 << 20)
     fs.write_bytes(f"{d}/big/f", big)
     buf = bytearray(300 * KiB)
-    assert fs.batch_read([(f"{d}/big/f", 50, buf)]) == [300 * KiB]
+    assert fs.batch_read([(f"{d}/big/f", 50, buf), (attr, 10, bytearray(10))]) == [300 * KiB, 10]
     assert bytes(buf) == big[50:50 + 300 * KiB]
-    assert sync.batches - before == 20
+    assert sync.batches - before == 21
+    # ... but not one from a chunk's start (it may be the whole chunk: the loop's path may send it
+    # zero-copy), nor big IOs of more than SYNC_SOLO_BYTES_MAX in all (they stream on the loop)
+    assert fs.batch_read([(f"{d}/big/f", 1 << 20, buf)]) == [300 * KiB]
+    assert bytes(buf) == big[1 << 20:(1 << 20) + 300 * KiB]
+    bufs = [bytearray(900 * KiB) for _ in range(10)]
+    assert fs.batch_read([(f"{d}/big/f", (k << 20) + 7, b) for k, b in enumerate(bufs)]) == [900 * KiB] * 10
+    assert all(bytes(b) == big[(k << 20) + 7:(k << 20) + 7 + 900 * KiB] for k, b in enumerate(bufs))
+    assert sync.batches - before == 21
+    assert sync.handed_over == handed
 
 
 def test_threads_read_at_once(fs, d, rng):

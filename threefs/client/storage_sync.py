@@ -13,9 +13,10 @@ released while it waits in `recv_into`, so several threads read at once, each on
 What this path does not do itself, it hands to the event loop's path (`StorageClient.read_batch`), which
 keeps every semantic: an IO that failed retryably (replica down, stale routing, chunk not committed,
 damaged on arrival) is retried there on another replica, and a connection that broke or timed out makes
-its IOs go there too. Batches with IOs of SOLO_IO_BYTES_MIN or more (received straight into the caller's
-buffer, streamed better by the loop), batches over SYNC_BATCH_BYTES_MAX, and calls when every connection of
-a service is busy take the loop's path from the start.
+its IOs go there too. Batches with IOs of SOLO_IO_BYTES_MIN or more over SYNC_SOLO_BYTES_MAX in all or
+with such an IO from a chunk's start (streamed better by the loop, or whole chunks it may send zero-copy),
+batches over SYNC_BATCH_BYTES_MAX, and calls when every connection of a service is busy take the loop's path
+from the start. Big IOs here are requests of their own, received straight into the caller's buffer.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 SYNC_CONNECTIONS_PER_SERVER = 8  # blocking connections per storage service (one per thread reading)
 SYNC_BATCH_BYTES_MAX = 16 * limits.MiB
+# A batch with an IO of SOLO_IO_BYTES_MIN or more (a random batch of 64 KiB samples, some of them back to
+# back in the file and so read as one IO) takes this path up to this many bytes in all, and only if none of
+# those IOs starts at a chunk's start (it may be the whole chunk, which the loop's path may have sent
+# zero-copy or read with O_DIRECT); bigger batches stream on the loop (many requests in flight per service)
+SYNC_SOLO_BYTES_MAX = 8 * limits.MiB
 
 
 class SyncStorageReads:
@@ -78,8 +84,15 @@ class SyncStorageReads:
         if routing is None or not self._pool.usable():
             return None
         lengths = batch.ios["length"]
-        if not len(lengths) or int(lengths.max()) >= SOLO_IO_BYTES_MIN or int(lengths.sum()) > SYNC_BATCH_BYTES_MAX:
+        if not len(lengths):
             return None
+        total = int(lengths.sum())
+        if total > SYNC_BATCH_BYTES_MAX:
+            return None
+        if int(lengths.max()) >= SOLO_IO_BYTES_MIN:
+            big = lengths >= SOLO_IO_BYTES_MIN
+            if total > SYNC_SOLO_BYTES_MAX or (batch.ios["offset"][big] == 0).any():
+                return None  # (an IO from a chunk's start may be the whole chunk: zero-copy on the loop's path)
         pending = np.flatnonzero(lengths > 0)
         storage = aio.storage
         # A thread's batches start their turn at the same service (threads, and processes, take turns in
