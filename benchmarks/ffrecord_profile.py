@@ -1,21 +1,23 @@
 """Where one FileReader batch's CPU goes, stage by stage, against the reference server in the same run.
 
     .venv/bin/python benchmarks/ffrecord_profile.py [--size 1024] [--batch 64] [--batches 2000] [--mib 32]
+        [--py-spy DIR [--spy-storage]] [--rotate] [--copy]
 
 Writes one .ffr file of `--size` B samples to a local cluster (3 storage services, R=3) and to local
 disk, then reads `--batches` seeded random batches through FileReader(client=...) with CRC on, timing each
 stage of the read path with perf_counter (wall) and thread_time (this thread's CPU):
-  index    the reader's index math (sort, runs, IO list)         reader._read / _fetch
-  build    chunk IOs as columns                                     aio.build_read_columns
-  plan     replica per IO, requests per service                    StorageClient._plan
-  send     encode + send every request                              SyncStorageReads._send
-  recv     wait + receive + apply (status, crc32c per IO, scatter)  SyncStorageReads._receive
-  results  per request result                                       read_results
-  verify   zlib.crc32 per sample                                    reader._verify
-  views    result assembly (arena views in the caller's order)
+  build          chunk IOs as columns                                     aio.build_read_columns
+  plan           replica per IO, requests per service                     StorageClient._plan
+  send           encode + send every request                              SyncStorageReads._send
+  recv           wait + receive + apply (status, crc32c per IO, placing)  SyncStorageReads._receive
+  results        per run result                                           read_results
+  verify         CRC32 per sample                                         reader._verify
+  rest of fetch  the rest of reader._fetch (runs, read_columns' checks, the caller-thread path's own work)
+  index+views    the rest of read(): index checks and math, sort, the result views
 The storage services' CPU over the run (utime+stime from /proc) is divided by the batches read. Then the
 reference server (benchmarks/refserver.py) reads the same batches; its client and server CPU per batch
-are printed beside.
+are printed beside. --py-spy records collapsed stacks of the client (and the storage services);
+--rotate and --copy turn off the per-thread service turn and the in-place receive, to compare.
 """
 
 from __future__ import annotations
