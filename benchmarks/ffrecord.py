@@ -17,7 +17,8 @@ the best round counting:
     `--small-files` of them, spread over directories of 1000)
   - the reference server of benchmarks/refserver.py (three plain Python processes preadv-ing the local
     file) reading the samples of the same seeded batches, batch by batch       <- issue 15's baseline
-  - FFRecordDataset + DataLoader, in-process and with 2 forked workers, threefs (whole pipeline, CRC on)
+  - FFRecordDataset + DataLoader, in-process and with 2 forked workers, threefs (whole pipeline, CRC on),
+    with the CPU per batch of the main process, each worker and the storage services
 Local files are read warm (just written, page cache), as the storage services' chunk files are.
 Prints samples/s and GB/s (10^9 B/s) per row and the ratio to the local os.pread reader. The machine
 is shared and noisy: compare ratios within one run.
@@ -122,27 +123,49 @@ def small_file_reader(paths: list[str]):
     return read
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pids) -> float:
+    """CPU seconds (user + system, all threads) the processes used so far."""
+    total = 0
+    for pid in pids:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / TICK
+
+
 def dataloader_rate(fs: Client, path: str, n: int, batch: int, seconds: float, size: int,
-                    workers: int = 2) -> tuple[float, float]:
+                    storage_pids: list[int], workers: int = 2) -> tuple[float, float, str]:
+    """(samples/s, GB/s, CPU per batch of the main process, each worker and the storage services)."""
     from threefs.ffrecord.torch import DataLoader, FFRecordDataset
 
     loader = DataLoader(FFRecordDataset(path, client=fs), batch_size=batch, shuffle=True, seed=1,
                         num_workers=workers, collate_fn=lambda b: len(b), persistent_workers=workers > 0)
-    count, t0 = 0, None
+    count, batches, t0 = 0, 0, None
     while t0 is None or time.perf_counter() - t0 < seconds:
         for got in loader:
             if t0 is None:  # the first batch includes starting the workers
                 t0 = time.perf_counter()
+                pids = [w.pid for w in loader._iterator._workers] if workers else []
+                cpu0 = [proc_cpu([os.getpid()]), *(proc_cpu([p]) for p in pids), proc_cpu(storage_pids)]
                 continue
             count += got
+            batches += 1
             if time.perf_counter() - t0 >= seconds:
                 break
     dt = time.perf_counter() - t0
+    cpu = [proc_cpu([os.getpid()]), *(proc_cpu([p]) for p in pids), proc_cpu(storage_pids)]
+    us = [(b - a) / max(1, batches) * 1e6 for a, b in zip(cpu0, cpu)]
+    names = ["main", *(f"worker {i}" for i in range(len(pids))), "storage"]
+    note = "CPU us/batch: " + ", ".join(f"{k} {v:,.0f}" for k, v in zip(names, us))
+    note += f" (total {sum(us):,.0f}; {sum(us) * batches / dt / 1e6:.2f} cores busy)"
     del loader
-    return count / dt, count * size / dt / 1e9
+    return count / dt, count * size / dt / 1e9, note
 
 
-def run_size(fs: Client, tmp: str, mnt: str | None, size: int, args) -> list[tuple[str, float, float]]:
+def run_size(fs: Client, tmp: str, mnt: str | None, size: int, args,
+             storage_pids: list[int]) -> list[tuple[str, float, float]]:
     n = max(args.batch, args.mib * MiB // size)
     samples, sizes = make_samples(n, size)
     local, remote = os.path.join(tmp, f"s{size}.ffr"), f"/bench/s{size}.ffr"
@@ -178,24 +201,43 @@ def run_size(fs: Client, tmp: str, mnt: str | None, size: int, args) -> list[tup
         rate = ref.read(ref_ios, args.seconds, batch=args.batch)
         return rate, rate * size / 1e9
     best = {name: (0.0, 0.0) for name in [ref_name, *rows]}
+    paired = []  # per round: threefs CRC on / the reference measured just before it
     for _ in range(args.rounds):  # interleaved rounds, best of each: the machine is shared and noisy
-        best[ref_name] = max(best[ref_name], ref_rate())
         for name, (fn, count) in rows.items():
-            best[name] = max(best[name], timed_rate(fn, count, args.batch, args.seconds, sizes))
+            if name == "FileReader threefs, CRC on":
+                got_ref = ref_rate()
+                best[ref_name] = max(best[ref_name], got_ref)
+            got = timed_rate(fn, count, args.batch, args.seconds, sizes)
+            best[name] = max(best[name], got)
+            if name == "FileReader threefs, CRC on":
+                paired.append(got[0] / got_ref[0])
+    notes = [f"FileReader threefs CRC on / reference measured just before it, per round: "
+             f"{', '.join(f'{r:.2f}' for r in paired)} (median {float(np.median(paired)):.2f})"]
     ref.__exit__(None, None, None)
     close_plain(), close_checked()
     for r in readers:
         r.close()
     out = [(name, *best[name]) for name in [*rows, ref_name]]
     if not args.no_dataloader:
-        out.append(("DataLoader in-process, threefs, CRC on",
-                    *dataloader_rate(fs, remote, n, args.batch, args.seconds * args.rounds, size, workers=0)))
-        out.append(("DataLoader 2 workers, threefs, CRC on",
-                    *dataloader_rate(fs, remote, n, args.batch, args.seconds * args.rounds, size)))
-    return out
+        best = {0: (0.0, 0.0, ""), 2: (0.0, 0.0, "")}
+        paired = []
+        for _ in range(args.rounds):  # interleaved rounds here too, the best of each
+            got = {}
+            for workers in best:
+                got[workers] = dataloader_rate(fs, remote, n, args.batch, args.seconds, size, storage_pids,
+                                               workers=workers)
+                best[workers] = max(best[workers], got[workers])
+            paired.append(got[2][0] / got[0][0])
+        out.append(("DataLoader in-process, threefs, CRC on", *best[0][:2]))
+        out.append(("DataLoader 2 workers, threefs, CRC on", *best[2][:2]))
+        notes += [f"DataLoader 2 workers / in-process just before, per round: "
+                  f"{', '.join(f'{r:.2f}' for r in paired)} (median {float(np.median(paired)):.2f})",
+                  f"DataLoader in-process (best round): {best[0][2]}",
+                  f"DataLoader 2 workers (best round): {best[2][2]}"]
+    return out, notes
 
 
-def report(size: int, rows: list[tuple[str, float, float]]) -> None:
+def report(size: int, rows: list[tuple[str, float, float]], notes: list[str]) -> None:
     base = rows[0][1]
     print(f"\n== random batches of {size} B samples ==")
     print(f"{'reader':<42} {'samples/s':>11} {'GB/s':>7} {'x local pread':>14}")
@@ -209,6 +251,8 @@ def report(size: int, rows: list[tuple[str, float, float]]) -> None:
     one, two = rate.get("DataLoader in-process, threefs, CRC on"), rate.get("DataLoader 2 workers, threefs, CRC on")
     if one and two:
         print(f"goal: DataLoader 2 workers / in-process = {two / one:.2f} (>= 1.5)")
+    for note in notes:
+        print("  " + note)
 
 
 def main() -> None:
@@ -227,14 +271,15 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="threefs-ffrecord-", dir=os.environ.get("TMPDIR")) as tmp:
         with local_cluster(tmp, args.storage, args.replicas, fuse=not args.no_fuse) as (cluster, mnt):
+            storage_pids = [pid for name, pid in cluster.running().items() if name.startswith("storage")]
             with Client.connect(str(cluster.client_config_path)) as fs:
                 fs.mkdir("/bench")
                 for size in (int(s) for s in args.sizes.split(",")):
-                    results.append((size, run_size(fs, tmp, mnt, size, args)))
+                    results.append((size, *run_size(fs, tmp, mnt, size, args, storage_pids)))
     print(f"\n{args.storage} storage services, R={args.replicas}, batch {args.batch}, best of {args.rounds} "
           f"rounds of {args.seconds:g} s per row, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-    for size, rows in results:
-        report(size, rows)
+    for size, rows, notes in results:
+        report(size, rows, notes)
 
 
 if __name__ == "__main__":

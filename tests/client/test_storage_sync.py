@@ -50,15 +50,24 @@ def test_small_batches_read_from_the_callers_thread(fs, d, rng):
     _check_batches(fs, attr, data, rng, batches=20)
     assert sync.batches - before == 20  # every batch took this path ...
     assert sync.handed_over == handed  # ... and needed nothing of the loop's
-    # a batch with a big IO (one 300 KiB piece of a 1 MiB chunk) takes the loop's path: it is received
-    # straight into the caller's buffer there
+    # a batch with a big IO (one 300 KiB piece of a 1 MiB chunk) is read here too, as a request of its own
+    # received straight into the caller's buffer ...
     fs.mkdir(f"{d}/big", chunk_size=1024 * KiB)
-    big = rng.randbytes(400 * KiB)
+    big = rng.randbytes(12 << 20)
     fs.write_bytes(f"{d}/big/f", big)
     buf = bytearray(300 * KiB)
-    assert fs.batch_read([(f"{d}/big/f", 50, buf)]) == [300 * KiB]
+    assert fs.batch_read([(f"{d}/big/f", 50, buf), (attr, 10, bytearray(10))]) == [300 * KiB, 10]
     assert bytes(buf) == big[50:50 + 300 * KiB]
-    assert sync.batches - before == 20
+    assert sync.batches - before == 21
+    # ... but not one from a chunk's start (it may be the whole chunk: the loop's path may send it
+    # zero-copy), nor big IOs of more than SYNC_SOLO_BYTES_MAX in all (they stream on the loop)
+    assert fs.batch_read([(f"{d}/big/f", 1 << 20, buf)]) == [300 * KiB]
+    assert bytes(buf) == big[1 << 20:(1 << 20) + 300 * KiB]
+    bufs = [bytearray(900 * KiB) for _ in range(10)]
+    assert fs.batch_read([(f"{d}/big/f", (k << 20) + 7, b) for k, b in enumerate(bufs)]) == [900 * KiB] * 10
+    assert all(bytes(b) == big[(k << 20) + 7:(k << 20) + 7 + 900 * KiB] for k, b in enumerate(bufs))
+    assert sync.batches - before == 21
+    assert sync.handed_over == handed
 
 
 def test_threads_read_at_once(fs, d, rng):
@@ -90,8 +99,9 @@ def test_dead_service_ios_fail_over_on_the_loop_path(private_cluster, rng):
         fs.mkdir("/d")
         path, data = _sparse_file(fs, "/d", rng)
         attr = fs.stat(path)
-        _check_batches(fs, attr, data, rng, batches=3)  # connections to every service are pooled now
         sync = fs._storage_sync
+        sync.sticky = False  # batches take turns over the services, so some go to the dead one
+        _check_batches(fs, attr, data, rng, batches=3)  # connections to every service are pooled now
         handed = sync.handed_over
         mgmtds = [pid for name, pid in cluster.running().items() if name.startswith("mgmtd")]
         # mgmtd frozen: the client's routing keeps listing the dead service's targets as SERVING, so
@@ -106,3 +116,104 @@ def test_dead_service_ios_fail_over_on_the_loop_path(private_cluster, rng):
                 os.kill(pid, signal.SIGCONT)
         # a 64-IO batch goes to one service, the next batch to the next: some went to the dead one
         assert sync.handed_over > handed
+
+
+def _every_chain_file(fs, d, rng):
+    """16 chunks of 64 KiB over 4 chains; batches that touch every chunk (so every chain, and a plan numbers
+    the services alike for each of them)."""
+    fs.mkdir(f"{d}/every", chunk_size=64 * KiB, stripe=4)
+    data = rng.randbytes(16 * 64 * KiB)
+    fs.write_bytes(f"{d}/every/f", data)
+    return fs.stat(f"{d}/every/f"), data
+
+
+def _read_every_chunk(fs, attr, data, rng) -> None:
+    items = [(attr, c * 64 * KiB + rng.randrange(60 * KiB), bytearray(1 * KiB)) for c in range(16) for _ in range(4)]
+    assert fs.batch_read(items) == [1 * KiB] * len(items)
+    for _, off, buf in items:
+        assert bytes(buf) == data[off:off + KiB]
+
+
+def _services_used(fs) -> set[str]:
+    pool = fs._storage_sync._pool
+    return {addr for addr, n in pool._count.items() if n}
+
+
+def test_a_threads_batches_stay_on_one_service(cluster, fs, d, rng):
+    attr, data = _every_chain_file(fs, d, rng)
+    with Client.connect(str(cluster.client_config_path)) as c:  # a client of its own: no pooled connections
+        for _ in range(9):  # rotating, 9 batches would visit all 3 services
+            _read_every_chunk(c, attr, data, rng)
+        assert len(_services_used(c)) == 1
+        other = threading.Thread(target=lambda: [_read_every_chunk(c, attr, data, rng) for _ in range(3)])
+        other.start()
+        other.join(timeout=120)
+        assert len(_services_used(c)) == 2  # the next thread takes the next turn
+    with Client.connect(str(cluster.client_config_path)) as c:
+        c._storage_sync.sticky = False  # the round robin per batch, for contrast
+        for _ in range(9):
+            _read_every_chunk(c, attr, data, rng)
+        assert len(_services_used(c)) == 3
+
+
+def test_a_thread_moves_on_from_a_service_that_failed_its_batch(private_cluster, rng):
+    cluster = private_cluster(3, 3)
+    with Client.connect(str(cluster.client_config_path)) as fs:
+        fs.mkdir("/d")
+        attr, data = _every_chain_file(fs, "/d", rng)
+        _read_every_chunk(fs, attr, data, rng)
+        [addr] = _services_used(fs)
+        routing = fs.run(fs.aio.mgmtd.get())
+        [node] = [n.node_id for n in routing.info.nodes.values() if n.addr == addr]
+        name = f"storage-{node - 100}"  # (LocalCluster numbers storage-i as node 100 + i)
+        sync = fs._storage_sync
+        handed = sync.handed_over
+        mgmtds = [pid for n, pid in cluster.running().items() if n.startswith("mgmtd")]
+        for pid in mgmtds:  # routing keeps listing the dead service's targets as SERVING
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            cluster.kill(name)
+            for _ in range(5):
+                _read_every_chunk(fs, attr, data, rng)
+        finally:
+            for pid in mgmtds:
+                os.kill(pid, signal.SIGCONT)
+        # the first batch found the service dead and was read elsewhere; the thread went on to the next
+        # service, whose batches needed no help
+        assert sync.handed_over == handed + 1
+
+
+def _child_services(fs, attr, data, seed, q):
+    import random
+
+    try:
+        for _ in range(4):
+            _read_every_chunk(fs, attr, data, random.Random(seed))
+        q.put(sorted(_services_used(fs)))
+    except BaseException as e:  # report, never hang the parent
+        q.put(repr(e))
+
+
+def test_forked_workers_stay_on_different_services(fs, d, rng):
+    """Workers forked one after another (a DataLoader's) start their turn on consecutive services, whatever
+    their process ids (threads started between the forks take ids too, as a started worker's own threads
+    do): two of them read from two different services, each from one."""
+    import multiprocessing as mp
+
+    attr, data = _every_chain_file(fs, d, rng)
+    ctx = mp.get_context("fork")
+    for trial in range(3):
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_child_services, args=(fs, attr, data, trial * 2 + k, q)) for k in range(2)]
+        procs[0].start()
+        for _ in range(trial + 2):  # ids taken between the two forks: the pids differ by 3, 4 and 5
+            t = threading.Thread(target=lambda: None)
+            t.start()
+            t.join()
+        procs[1].start()
+        got = [q.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+        assert all(isinstance(g, list) and len(g) == 1 for g in got), got
+        assert got[0] != got[1], got

@@ -243,3 +243,16 @@ def test_local_reader_pickles_to_its_paths(tmp_path, samples):
         assert clone.fnames == [str(tmp_path / "p.ffr")] and clone.check_data is False
         assert clone._files.io_threads == 2
         assert [a.tobytes() for a in clone.read([4, 1, 4])] == [samples[i] for i in (4, 1, 4)]
+
+
+def test_sample_crc_is_zlibs_crc32():
+    """The reader and writer check samples with format.crc32 (ISA-L's when installed): it must be the
+    reference's zlib.crc32 on every length and alignment, or files would not interoperate."""
+    from threefs.ffrecord import format as fmt
+
+    rng = np.random.default_rng(20261204)
+    data = rng.integers(0, 256, 300_000, dtype=np.uint8)
+    for length in [0, 1, 3, 15, 16, 17, 63, 64, 1023, 1024, 4097, 65536, 262_143]:
+        start = int(rng.integers(0, 64))
+        view = data[start:start + length]
+        assert fmt.crc32(view) == zlib.crc32(view), length

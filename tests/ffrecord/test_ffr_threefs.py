@@ -41,19 +41,20 @@ def test_write_and_read_random_batches(fs, d, samples, tmp_path, version):
 def test_one_batch_read_per_call_across_files(fs, d, samples, monkeypatch):
     dump(samples, f"{d}/ds", 4, client=fs)
     calls = []
-    real = fs.batch_read
+    real = fs.read_columns
 
-    def counting(items, **kw):
-        calls.append(len(items))
-        return real(items, **kw)
+    def counting(attrs, file_of, *args, **kw):
+        calls.append((len(attrs), len(file_of)))
+        return real(attrs, file_of, *args, **kw)
 
     with FileReader(f"{d}/ds", client=fs) as r:
         assert r.n == len(samples) and len(r.fnames) == 4
-        monkeypatch.setattr(fs, "batch_read", counting)
+        monkeypatch.setattr(fs, "read_columns", counting)
         idx = [0, 299, 150, 77, 78, 79, 200, 5]
         assert [a.tobytes() for a in r.read(idx)] == [samples[i] for i in idx]
-    # one call; 77..79 are adjacent in one file and go as one IO, the empty sample 5 needs none
-    assert calls == [5]
+    # one call naming the 4 files read; 77..79 are adjacent in one file and go as one IO, the empty
+    # sample 5 needs none
+    assert calls == [(4, 5)]
 
 
 def test_corruption_on_storage_names_the_sample(fs, d, samples):

@@ -20,6 +20,7 @@ import weakref
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
 from threefs.client import batch
 from threefs.client.aio import AsyncClient, open_flags, read_results
@@ -30,6 +31,7 @@ from threefs.client.storage_sync import SyncStorageReads
 from threefs.common import limits
 from threefs.common.config import ClientConfig, find_client_config, load_toml
 from threefs.common.status import StatusCode, ThreeFSError, status_error
+from threefs.rpc.client import as_bytes_view
 from threefs.rpc.schemas import meta as m
 
 log = logging.getLogger(__name__)
@@ -437,24 +439,65 @@ class Client:
         return _check_results(batch.run_partial(resolved, lambda reqs: self._read_requests(reqs, check_arrival)),
                               raise_on_error)
 
+    def read_columns(self, attrs, file_of, offsets, lengths, dest, dest_offsets, *,
+                     check_arrival: bool = True) -> list:
+        """batch_read for reads given as columns, for callers that hold them as arrays (the FFRecord
+        reader): read r is `lengths[r]` bytes of `attrs[file_of[r]]` (InodeAttrs) at `offsets[r]` into
+        `dest[dest_offsets[r]:...]`, one writable buffer for the whole batch. No Python object per read on
+        the way in. Returns a result per read as batch_read(raise_on_error=False) does: bytes read (short at
+        end of file) or the read's exception."""
+        view = as_bytes_view(dest)
+        if view.readonly:
+            raise status_error(StatusCode.INVALID_ARGUMENT, "read_columns: the destination is read-only")
+        cols = [np.asarray(c) for c in (file_of, offsets, lengths, dest_offsets)]
+        n = len(cols[0])
+        if any(c.ndim != 1 or len(c) != n or (n and c.dtype.kind not in "iu") for c in cols):
+            raise status_error(StatusCode.INVALID_ARGUMENT, "read_columns: file_of, offsets, lengths and "
+                               "dest_offsets must be flat integer arrays of one length")
+        batch.check_batch_size(n)
+        if not n:
+            return []
+        file_of, offsets, lengths, dest_offsets = (c.astype(np.int64, copy=False) for c in cols)
+        if int(file_of.min()) < 0 or int(file_of.max()) >= len(attrs):
+            raise status_error(StatusCode.INVALID_ARGUMENT, f"read_columns: file_of outside [0, {len(attrs)})")
+        if int(offsets.min()) < 0 or int(lengths.min()) < 0 or int(dest_offsets.min()) < 0:
+            raise status_error(StatusCode.INVALID_ARGUMENT, "read_columns: negative offset or length")
+        if int((dest_offsets + lengths).max()) > len(view):
+            raise status_error(StatusCode.INVALID_ARGUMENT, "read_columns: a read ends past the destination's "
+                               f"{len(view)} bytes")
+        aio = self.aio  # a forked child reconnects here
+        routing = aio.mgmtd.routing
+        if routing is None:
+            routing = self.run(aio.mgmtd.get())
+        built = aio.build_read_columns(routing, list(attrs), file_of, offsets, lengths, view, dest_offsets)
+        rb, rep, sizes, req_errors = built
+        return self._read_built(rb, check_arrival, lambda: read_results(rb, rep, sizes.tolist(), req_errors))
+
     def _read_requests(self, requests: list, check_arrival: bool = True) -> list:
         """Read resolved (attr, offset, view) requests: from the caller's thread where it can
         (client/storage_sync.py), the rest on the event loop's path."""
         aio = self.aio  # a forked child reconnects here
-        sync, lt = self._storage_sync, self._loop
         routing = aio.mgmtd.routing
-        if (sync is None or lt is None or routing is None or len(requests) > limits.BATCH_IOS_MAX
-                or threading.get_ident() == lt._thread.ident):
+        if routing is None or self._loop is None or len(requests) > limits.BATCH_IOS_MAX:
             return self.run(aio.batch_read(requests, check_arrival=check_arrival))
         built = aio.build_read_batch(routing, requests)
-        rb = built[0]
+        return self._read_built(built[0], check_arrival, lambda: read_results(*built))
+
+    def _read_built(self, rb, check_arrival: bool, results):
+        """Read a built ReadBatch: from the caller's thread where it can (client/storage_sync.py), the rest
+        (retries, big IOs, all connections busy) on the event loop's path; then results()."""
+        aio = self.aio
+        sync, lt = self._storage_sync, self._loop
         rb.check_arrival = check_arrival
+        if sync is None or lt is None or threading.get_ident() == lt._thread.ident:
+            self.run(aio.storage.read_batch(rb))
+            return results()
         retry = sync.read(rb)
         if retry is None:
             self.run(aio.storage.read_batch(rb))
         elif len(retry):
             self.run(aio.storage.read_batch(rb, pending=retry))
-        return read_results(*built)
+        return results()
 
     def batch_write(self, items, *, create: bool = False, raise_on_error: bool = True) -> list:
         """Write many (file, offset, buffer) or (file, offset, length, buffer) items, all in flight

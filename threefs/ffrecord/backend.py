@@ -18,6 +18,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
+
 from threefs.client import DIRECTORY
 from threefs.common import limits
 from threefs.common.status import StatusCode, ThreeFSError, status_error
@@ -101,6 +103,13 @@ class LocalFiles:
             self._pool_pid = os.getpid()
         return list(self._pool.map(lambda io: self._read_full(io[0].handle, io[1], io[2]), ios))
 
+    def read_runs(self, opened: list[Opened], file_of: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
+                  dest: np.ndarray, dest_offsets: np.ndarray) -> list[int | BaseException]:
+        """Run r: lengths[r] bytes of opened[file_of[r]] at offsets[r] into dest[dest_offsets[r]:...]."""
+        view = memoryview(dest)
+        return self.read([(opened[f], off, view[p:p + n]) for f, off, p, n in
+                          zip(file_of.tolist(), offsets.tolist(), dest_offsets.tolist(), lengths.tolist())])
+
     def shutdown(self) -> None:
         if self._pool is not None and self._pool_pid == os.getpid():
             self._pool.shutdown(wait=False)
@@ -176,6 +185,22 @@ class ThreeFSFiles:
             part = ios[base:base + limits.BATCH_IOS_MAX]
             out += self.client.batch_read([(f.handle, off, view) for f, off, view in part],
                                           raise_on_error=False)
+        return out
+
+    def read_runs(self, opened: list[Opened], file_of: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
+                  dest: np.ndarray, dest_offsets: np.ndarray) -> list[int | BaseException]:
+        """Run r: lengths[r] bytes of opened[file_of[r]] at offsets[r] into dest[dest_offsets[r]:...], as one
+        Client.read_columns per BATCH_IOS_MAX runs (only the files the runs name are passed)."""
+        out: list[int | BaseException] = []
+        for base in range(0, len(file_of), limits.BATCH_IOS_MAX):
+            part = slice(base, base + limits.BATCH_IOS_MAX)
+            f = file_of[part]
+            if len(opened) == 1:
+                attrs = [opened[0].handle]
+            else:  # (file_of is sorted: the reader sorts the runs by file)
+                used, f = np.unique(f, return_inverse=True)
+                attrs = [opened[i].handle for i in used.tolist()]
+            out += self.client.read_columns(attrs, f, offsets[part], lengths[part], dest, dest_offsets[part])
         return out
 
     def list_ffr(self, path: str) -> list[str] | None:

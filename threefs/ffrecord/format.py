@@ -31,6 +31,13 @@ import numpy as np
 
 from threefs.common.status import StatusCode, status_error
 
+try:  # ISA-L's CRC32 (carry-less multiply): the same checksum as zlib.crc32, 4-9x faster here (16 GB/s on
+    # 1 KiB samples, 58 GB/s on 64 KiB, against zlib's 3.5 and 6.7); zlib where isal is not installed
+    from isal.isal_zlib import crc32 as _isal_crc32
+except ImportError:  # pragma: no cover - isal is a dependency; kept for source checkouts without it
+    _isal_crc32 = None
+crc32 = _isal_crc32 or zlib.crc32  # the sample checksum of reader and writer
+
 MAGIC = b"\x89FFR\r\n\x1a\n"  # PNG-style: a non-ASCII first byte and CR/LF catch text-mode copies
 VERSIONS = (1, 2)
 VERSION_DEFAULT = 2

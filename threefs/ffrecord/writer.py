@@ -13,7 +13,6 @@ temporary file and publishes nothing.
 from __future__ import annotations
 
 import os
-import zlib
 from array import array
 
 import numpy as np
@@ -68,7 +67,7 @@ class FileWriter:
             raise status_error(StatusCode.INVALID_ARGUMENT,
                                f"{self.fname}: all {self.n} samples are written already")
         view = sample_view(buf, f"sample {self.count}")
-        self._checksums.append(zlib.crc32(view))
+        self._checksums.append(fmt.crc32(view))
         self._offsets.append(self._pos)
         self._f.write(buf if isinstance(buf, bytes) else view)  # bytes can go out uncopied
         self._pos += len(view)
