@@ -84,7 +84,7 @@ class MountOptions:
     read_ahead_bytes: int = 16 * limits.MiB  # prefetched per sequentially read open file
     read_ahead_kb: int = 4096  # the mount's bdi read_ahead_kb (FUSE requests are at most 1 MiB)
     segment_bytes: int = 4 * limits.MiB  # read-ahead / write-behind IO unit (whole chunks, at least this)
-    allow_other: bool = False
+    allow_other: bool = False  # `threefs mount` turns it on when root mounts (cli/mount_cmd.allow_other)
     dir_cache: bool = True  # the kernel caches directory listings (dropped at opendir when changed)
     gate_batch: int = 64  # reads held at the gate for one storage batch at most (KernelQueueGate)
     fast_dispatch: bool = True  # kernel requests taken without per-request epoll changes, workers kept
