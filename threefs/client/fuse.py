@@ -101,6 +101,8 @@ class Handle:
     read_end: int = 0  # where the last read request ended (a small read elsewhere is a random read)
     published_end: int = -1  # highest end meta has been told about
     truncated: bool = False  # the session's truncate version is stale: hints go with attr's
+    # --direct-io: the first write through the handle clears the set-id bits (see _kill_privs)
+    kill_privs: bool = False
 
 
 @dataclass
@@ -433,7 +435,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         self._dirs.pop(fh, None)
 
     # -- files -----------------------------------------------------------------------------------
-    def _open_handle(self, ino: int, rsp: m.OpenRsp, flags: int) -> pyfuse3.FileInfo:
+    def _open_handle(self, ino: int, rsp: m.OpenRsp, flags: int, ctx) -> pyfuse3.FileInfo:
         writer = None
         seg = self._segment(rsp.attr.layout.chunk_size)
         if flags & os.O_ACCMODE != os.O_RDONLY or self.enable_writeback_cache:
@@ -441,7 +443,8 @@ class ThreeFSOperations(pyfuse3.Operations):
         fh = next(self._fh)
         self._handles[fh] = Handle(ino, rsp.attr, rsp.session, writer,
                                    ReadAhead(self.aio, self._pool, seg, self.options.read_ahead_bytes,
-                                             reader=self._reader))
+                                             reader=self._reader),
+                                   kill_privs=writer is not None and self.options.direct_io and ctx.uid != 0)
         return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io,
                                 keep_cache=self._keep_cache(ino, rsp.attr))
 
@@ -484,14 +487,14 @@ class ThreeFSOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ESTALE)
         if rsp.attr.type != m.FILE:
             raise pyfuse3.FUSEError(errno.EISDIR if rsp.attr.type == m.DIRECTORY else errno.EINVAL)
-        return self._open_handle(inode, rsp, flags)
+        return self._open_handle(inode, rsp, flags, ctx)
 
     @fuse_errors
     async def create(self, parent_inode, name, mode, flags, ctx):
         flags &= OPEN_FLAGS_PASSED
         rsp = await self.ns.create(parent_inode, decode(name), flags, stat.S_IMODE(mode), self.ns.user(ctx))
         entry = self._found(rsp.attr)
-        return self._open_handle(entry.st_ino, rsp, flags), entry
+        return self._open_handle(entry.st_ino, rsp, flags, ctx), entry
 
     @fuse_errors
     async def read(self, fh, off, size):
@@ -539,9 +542,28 @@ class ThreeFSOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBADF)
         self._drop_read_ahead(h.ino)
         self._cached.pop(h.ino, None)  # the next open drops the pages: meta's stamp moves at publish
+        if h.kill_privs:
+            await self._kill_privs(h)
         await h.writer.write(off, buf)
         h.written_end = max(h.written_end, off + len(buf))
         return len(buf)
+
+    async def _kill_privs(self, h: Handle) -> None:
+        """A write by a user without CAP_FSETID clears set-uid, and set-gid when group-executable (the
+        kernel's should_remove_suid). Through the page cache the kernel does it itself (a setattr before
+        the write); with --direct-io it only flags the write (FUSE_WRITE_KILL_SUIDGID), a flag pyfuse3 does
+        not pass on, so the daemon does it at the first write of each handle a user other than root opened
+        (uid 0 standing for CAP_FSETID). The kernel has allowed the write: meta checks nothing again."""
+        h.kill_privs = False
+        mode = (await self.ns.getattr(h.ino, KERNEL_CHECKED)).mode
+        kill = stat.S_ISUID | (stat.S_ISGID if mode & stat.S_IXGRP else 0)
+        if mode & kill:
+            await self.ns.setattr(h.ino, KERNEL_CHECKED, mode=mode & ~kill)
+            self.stats["set_id_bits_cleared"] += 1
+            try:
+                pyfuse3.invalidate_inode(h.ino, attr_only=True)
+            except OSError as e:  # ENOENT: the kernel has no inode: nothing cached
+                log.debug("invalidating the attributes of inode %d: %s", h.ino, e)
 
     async def fallocate(self, ino: int, fh: int, mode: int, offset: int, length: int) -> None:
         """fallocate(2) (routed here by fuse_fallocate): 0 extends the size, KEEP_SIZE reserves (nothing
