@@ -152,7 +152,8 @@ class ThreeFSOperations(pyfuse3.Operations):
         self._handles: dict[int, Handle] = {}
         self._dirs: dict[int, DirHandle] = {}
         self._fh = itertools.count(1)
-        self._meta_length: dict[int, int] = {}  # the latest length meta reported per inode
+        # per inode: (truncate version, length) meta reported last, see _note_length
+        self._meta_length: dict[int, tuple[int, int]] = {}
         self.initialized = asyncio.Event()  # set when the kernel's INIT request arrives
         self._pool = BufferPool(bytes_max=READ_POOL_BYTES_MAX)
         self._coalescer = ReadCoalescer(aio)
@@ -180,11 +181,23 @@ class ThreeFSOperations(pyfuse3.Operations):
     # -- attributes ------------------------------------------------------------------------------
     def _length(self, ino: int, length: int) -> int:
         """meta's length raised by this daemon's writes that meta does not know yet."""
-        length = max(length, self._meta_length.get(ino, -1))
+        length = max(length, self._meta_length.get(ino, (0, -1))[1])
         for h in self._handles.values():
             if h.ino == ino:
                 length = max(length, h.written_end)
         return length
+
+    def _note_length(self, ino: int, truncate_ver: int, length: int) -> None:
+        """meta's length of a file as this daemon last learnt it. Within one truncate version a file only
+        grows, so an answer that was on its way while a later one landed (a getattr sent before a close
+        published more) does not lower it; a truncate (a newer version) does, and older versions' answers
+        are ignored. A lowered length made a read end early: the kernel (write-back cache, a partial page
+        written) zero-filled the page's rest and wrote the zeros back over data (two `>>` writers)."""
+        old = self._meta_length.get(ino)
+        if old is None or truncate_ver > old[0]:
+            self._meta_length[ino] = (truncate_ver, length)
+        elif truncate_ver == old[0] and length > old[1]:
+            self._meta_length[ino] = (truncate_ver, length)
 
     def entry(self, attr: m.InodeAttr) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
@@ -199,8 +212,8 @@ class ThreeFSOperations(pyfuse3.Operations):
         if attr.type == m.SYMLINK:
             e.st_size = len(os.fsencode(attr.symlink_target))
         elif attr.type == m.FILE:
-            self._meta_length[e.st_ino] = attr.length
-            e.st_size = self._length(e.st_ino, attr.length)
+            self._note_length(e.st_ino, attr.truncate_ver, attr.length)
+            e.st_size = self._length(e.st_ino, -1)  # the noted length: an older answer's own is stale
             self._reported[e.st_ino] = (attr.length, attr.mtime_ns, attr.truncate_ver)
         else:
             e.st_size = 0
@@ -636,6 +649,8 @@ class ThreeFSOperations(pyfuse3.Operations):
         try:
             await self._sync(h, end_session=True)
         finally:
+            if h.written_end >= 0:  # what it wrote keeps counting in _length once the handle is gone
+                self._note_length(h.ino, h.attr.truncate_ver, max(h.written_end, h.attr.length))
             del self._handles[fh]
             h.reader.drop()
 
