@@ -38,3 +38,24 @@ def mdir(mount, fs, request):
     name = "fuse-" + request.node.name.replace("[", "_").replace("]", "")
     fs.mkdir(f"/{name}")
     return os.path.join(mnt, name), f"/{name}"
+
+
+@pytest.fixture
+def extra_mount(cluster, tmp_path_factory):
+    """extra_mount(args) -> a new mount point of the shared cluster, made by `threefs mount args`
+    (`threefs mount --foreground`, as `threefs mount` spawns it); unmounted at the end of the test."""
+    require_fuse()
+    top = tempfile.mkdtemp(prefix="threefs-extra-")
+    os.chmod(top, 0o755)
+    log = str(tmp_path_factory.getbasetemp() / "fuse-extra.log")
+    procs = []
+
+    def mount(args: list[str]) -> str:
+        mnt = os.path.join(top, f"mnt{len(procs)}")
+        procs.append((fuse_mount.spawn(str(cluster.client_config_path), mnt, args, log), mnt))
+        return mnt
+
+    yield mount
+    for proc, mnt in procs:
+        stop_daemon(proc, mnt)
+    shutil.rmtree(top)

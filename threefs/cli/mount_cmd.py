@@ -18,9 +18,19 @@ def mount_options(args):
                         writeback_cache=args.writeback and not args.no_writeback,
                         keep_cache=not args.no_keep_cache, max_background=args.max_background,
                         read_ahead_kb=args.read_ahead_kb, read_ahead_bytes=args.prefetch_mb << 20,
-                        segment_bytes=args.segment_mb << 20, allow_other=args.allow_other,
+                        segment_bytes=args.segment_mb << 20, allow_other=allow_other(args),
                         fast_dispatch=not args.pyfuse3_dispatch, dir_cache=not args.no_dir_cache,
                         gate_batch=args.gate_batch, changed_dir_s=args.changed_dir_s)
+
+
+def allow_other(args) -> bool:
+    """Other users may use the mount: asked for, or by default when root mounts (as for any file system
+    root mounts; with default_permissions the kernel checks their permissions). Without it, FUSE refuses
+    every user but the one who mounted, whatever the modes say. Others mounting need user_allow_other in
+    /etc/fuse.conf for it, so for them it stays off unless asked for."""
+    if args.allow_other:
+        return True
+    return not args.no_allow_other and os.geteuid() == 0
 
 
 def mount_args(args) -> list[str]:
@@ -33,7 +43,7 @@ def mount_args(args) -> list[str]:
     out += ["--direct-io"] * args.direct_io + ["--no-writeback"] * args.no_writeback
     out += ["--writeback"] * args.writeback + ["--no-keep-cache"] * args.no_keep_cache
     out += ["--pyfuse3-dispatch"] * args.pyfuse3_dispatch + ["--no-dir-cache"] * args.no_dir_cache
-    return out + ["--allow-other"] * args.allow_other
+    return out + ["--allow-other"] * args.allow_other + ["--no-allow-other"] * args.no_allow_other
 
 
 def cmd_mount(args) -> int:
@@ -95,7 +105,12 @@ def add_mount_flags(p) -> None:
                    help="seconds the kernel caches names (default 30, as 3FS)")
     p.add_argument("--negative-timeout", type=float, default=5.0,
                    help="seconds the kernel caches that a name does not exist (default 5, as 3FS; 0 = never)")
-    p.add_argument("--allow-other", action="store_true", help="let other users use the mount")
+    others = p.add_mutually_exclusive_group()
+    others.add_argument("--allow-other", action="store_true",
+                        help="let other users use the mount (the default when root mounts; the kernel checks "
+                             "their permissions as on any file system)")
+    others.add_argument("--no-allow-other", action="store_true",
+                        help="only the user who mounts may use the mount (the default for other users)")
 
 
 def _mount_record(cluster) -> Path:

@@ -85,7 +85,7 @@ class MountOptions:
     read_ahead_bytes: int = 16 * limits.MiB  # prefetched per sequentially read open file
     read_ahead_kb: int = 4096  # the mount's bdi read_ahead_kb (FUSE requests are at most 1 MiB)
     segment_bytes: int = 4 * limits.MiB  # read-ahead / write-behind IO unit (whole chunks, at least this)
-    allow_other: bool = False
+    allow_other: bool = False  # `threefs mount` turns it on when root mounts (cli/mount_cmd.allow_other)
     dir_cache: bool = True  # the kernel caches directory listings (dropped at opendir when changed)
     gate_batch: int = 64  # reads held at the gate for one storage batch at most (KernelQueueGate)
     fast_dispatch: bool = True  # kernel requests taken without per-request epoll changes, workers kept
@@ -105,6 +105,8 @@ class Handle:
     read_end: int = 0  # where the last read request ended (a small read elsewhere is a random read)
     published_end: int = -1  # highest end meta has been told about
     truncated: bool = False  # the session's truncate version is stale: hints go with attr's
+    # --direct-io: the first write through the handle clears the set-id bits (see _kill_privs)
+    kill_privs: bool = False
 
 
 @dataclass
@@ -158,7 +160,8 @@ class ThreeFSOperations(pyfuse3.Operations):
         self._handles: dict[int, Handle] = {}
         self._dirs: dict[int, DirHandle] = {}
         self._fh = itertools.count(1)
-        self._meta_length: dict[int, int] = {}  # the latest length meta reported per inode
+        # per inode: (truncate version, length) meta reported last, see _note_length
+        self._meta_length: dict[int, tuple[int, int]] = {}
         self.initialized = asyncio.Event()  # set when the kernel's INIT request arrives
         self._pool = BufferPool(bytes_max=READ_POOL_BYTES_MAX)
         self._coalescer = ReadCoalescer(aio)
@@ -187,11 +190,23 @@ class ThreeFSOperations(pyfuse3.Operations):
     # -- attributes ------------------------------------------------------------------------------
     def _length(self, ino: int, length: int) -> int:
         """meta's length raised by this daemon's writes that meta does not know yet."""
-        length = max(length, self._meta_length.get(ino, -1))
+        length = max(length, self._meta_length.get(ino, (0, -1))[1])
         for h in self._handles.values():
             if h.ino == ino:
                 length = max(length, h.written_end)
         return length
+
+    def _note_length(self, ino: int, truncate_ver: int, length: int) -> None:
+        """meta's length of a file as this daemon last learnt it. Within one truncate version a file only
+        grows, so an answer that was on its way while a later one landed (a getattr sent before a close
+        published more) does not lower it; a truncate (a newer version) does, and older versions' answers
+        are ignored. A lowered length made a read end early: the kernel (write-back cache, a partial page
+        written) zero-filled the page's rest and wrote the zeros back over data (two `>>` writers)."""
+        old = self._meta_length.get(ino)
+        if old is None or truncate_ver > old[0]:
+            self._meta_length[ino] = (truncate_ver, length)
+        elif truncate_ver == old[0] and length > old[1]:
+            self._meta_length[ino] = (truncate_ver, length)
 
     def entry(self, attr: m.InodeAttr) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
@@ -206,8 +221,8 @@ class ThreeFSOperations(pyfuse3.Operations):
         if attr.type == m.SYMLINK:
             e.st_size = len(os.fsencode(attr.symlink_target))
         elif attr.type == m.FILE:
-            self._meta_length[e.st_ino] = attr.length
-            e.st_size = self._length(e.st_ino, attr.length)
+            self._note_length(e.st_ino, attr.truncate_ver, attr.length)
+            e.st_size = self._length(e.st_ino, -1)  # the noted length: an older answer's own is stale
             self._reported[e.st_ino] = (attr.length, attr.mtime_ns, attr.truncate_ver)
         else:
             e.st_size = 0
@@ -483,7 +498,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         self._dirs.pop(fh, None)
 
     # -- files -----------------------------------------------------------------------------------
-    def _open_handle(self, ino: int, rsp: m.OpenRsp, flags: int) -> pyfuse3.FileInfo:
+    def _open_handle(self, ino: int, rsp: m.OpenRsp, flags: int, ctx) -> pyfuse3.FileInfo:
         writer = None
         seg = self._segment(rsp.attr.layout.chunk_size)
         if flags & os.O_ACCMODE != os.O_RDONLY or self.enable_writeback_cache:
@@ -491,7 +506,8 @@ class ThreeFSOperations(pyfuse3.Operations):
         fh = next(self._fh)
         self._handles[fh] = Handle(ino, rsp.attr, rsp.session, writer,
                                    ReadAhead(self.aio, self._pool, seg, self.options.read_ahead_bytes,
-                                             reader=self._reader))
+                                             reader=self._reader),
+                                   kill_privs=writer is not None and self.options.direct_io and ctx.uid != 0)
         return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io,
                                 keep_cache=self._keep_cache(ino, rsp.attr))
 
@@ -534,7 +550,7 @@ class ThreeFSOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ESTALE)
         if rsp.attr.type != m.FILE:
             raise pyfuse3.FUSEError(errno.EISDIR if rsp.attr.type == m.DIRECTORY else errno.EINVAL)
-        return self._open_handle(inode, rsp, flags)
+        return self._open_handle(inode, rsp, flags, ctx)
 
     @fuse_errors
     async def create(self, parent_inode, name, mode, flags, ctx):
@@ -542,7 +558,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         rsp = await self._changing((parent_inode,), self.ns.create(parent_inode, decode(name), flags,
                                                                    stat.S_IMODE(mode), self.ns.user(ctx)))
         entry = self._found(rsp.attr)
-        return self._open_handle(entry.st_ino, rsp, flags), entry
+        return self._open_handle(entry.st_ino, rsp, flags, ctx), entry
 
     @fuse_errors
     async def read(self, fh, off, size):
@@ -590,9 +606,28 @@ class ThreeFSOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBADF)
         self._drop_read_ahead(h.ino)
         self._cached.pop(h.ino, None)  # the next open drops the pages: meta's stamp moves at publish
+        if h.kill_privs:
+            await self._kill_privs(h)
         await h.writer.write(off, buf)
         h.written_end = max(h.written_end, off + len(buf))
         return len(buf)
+
+    async def _kill_privs(self, h: Handle) -> None:
+        """A write by a user without CAP_FSETID clears set-uid, and set-gid when group-executable (the
+        kernel's should_remove_suid). Through the page cache the kernel does it itself (a setattr before
+        the write); with --direct-io it only flags the write (FUSE_WRITE_KILL_SUIDGID), a flag pyfuse3 does
+        not pass on, so the daemon does it at the first write of each handle a user other than root opened
+        (uid 0 standing for CAP_FSETID). The kernel has allowed the write: meta checks nothing again."""
+        h.kill_privs = False
+        mode = (await self.ns.getattr(h.ino, KERNEL_CHECKED)).mode
+        kill = stat.S_ISUID | (stat.S_ISGID if mode & stat.S_IXGRP else 0)
+        if mode & kill:
+            await self.ns.setattr(h.ino, KERNEL_CHECKED, mode=mode & ~kill)
+            self.stats["set_id_bits_cleared"] += 1
+            try:
+                pyfuse3.invalidate_inode(h.ino, attr_only=True)
+            except OSError as e:  # ENOENT: the kernel has no inode: nothing cached
+                log.debug("invalidating the attributes of inode %d: %s", h.ino, e)
 
     async def fallocate(self, ino: int, fh: int, mode: int, offset: int, length: int) -> None:
         """fallocate(2) (routed here by fuse_fallocate): 0 extends the size, KEEP_SIZE reserves (nothing
@@ -666,6 +701,8 @@ class ThreeFSOperations(pyfuse3.Operations):
         try:
             await self._sync(h, end_session=True)
         finally:
+            if h.written_end >= 0:  # what it wrote keeps counting in _length once the handle is gone
+                self._note_length(h.ino, h.attr.truncate_ver, max(h.written_end, h.attr.length))
             del self._handles[fh]
             h.reader.drop()
 
