@@ -173,12 +173,6 @@ async def _serve(config, mnt: str, options) -> None:
     fuse_options = set(pyfuse3.default_options) | {"fsname=threefs", "subtype=threefs"}
     if options.allow_other:
         fuse_options.add("allow_other")
-    pyfuse3.init(ops, mnt, fuse_options)
-    fuse_fallocate.install_init(options.max_background, options.max_background * 3 // 4, ops.negotiated)
-    fuse_fallocate.install(ops)  # pyfuse3 does not pass fallocate on
-    if getattr(options, "dir_cache", True) and not options.direct_io:
-        ops.dir_cache = fuse_fallocate.install_dir_cache()
-    ops.watch_kernel_queue(fuse_fallocate.session_fd())
     loop = asyncio.get_running_loop()
     stopping = []
 
@@ -196,9 +190,18 @@ async def _serve(config, mnt: str, options) -> None:
             log.info("%s: unmounting %s", signame, mnt)
             stopping.append(asyncio.ensure_future(drain_then_stop()))
 
+    # The handlers go in before the mount appears (spawn() and scripts take a visible mount for a running
+    # daemon, and a signal's default action would kill it there: a SIGUSR1 at once after the mount killed
+    # the daemon in a test run); they run from the first await on, in pyfuse3.main, once the session serves.
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop, sig.name)
     loop.add_signal_handler(signal.SIGUSR1, _log_stats, ops)  # `kill -USR1 PID`: the counters so far
+    pyfuse3.init(ops, mnt, fuse_options)
+    fuse_fallocate.install_init(options.max_background, options.max_background * 3 // 4, ops.negotiated)
+    fuse_fallocate.install(ops)  # pyfuse3 does not pass fallocate on
+    if getattr(options, "dir_cache", True) and not options.direct_io:
+        ops.dir_cache = fuse_fallocate.install_dir_cache()
+    ops.watch_kernel_queue(fuse_fallocate.session_fd())
     tuner = asyncio.ensure_future(tune_read_ahead(mnt, options.read_ahead_kb, ops.initialized, ops.negotiated))
     mounted = True
     try:
