@@ -36,20 +36,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from refserver import IOS_PER_REQUEST, RefServers  # noqa: E402
 
 from benchmarks.common import local_cluster  # noqa: E402
-from benchmarks.ffrecord import make_samples, write_ffr  # noqa: E402
+from benchmarks.ffrecord import make_samples, proc_cpu, write_ffr  # noqa: E402
 from threefs.client.client import Client  # noqa: E402
 from threefs.ffrecord import FileReader  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu(pids) -> float:
-    """CPU seconds (user + system) of the processes so far."""
-    total = 0
-    for pid in pids:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / TICK
 
 
 class Stages:
