@@ -2,7 +2,8 @@
 etcd beside SQLite.
 
     .venv/bin/python benchmarks/scaleout.py reads [--hosts 1,2,3,4] [--mbit 200] [--mib 48]
-    .venv/bin/python benchmarks/scaleout.py kv [--seconds 2] [--repeats 3] [--tasks 1,8] [--no-fsync] [--direct]
+    .venv/bin/python benchmarks/scaleout.py kv [--seconds 2] [--repeats 3] [--tasks 1,8] [--puts 2] [--no-fsync]
+        [--direct]
     .venv/bin/python benchmarks/scaleout.py creates [--clients 8] [--files 800] [--repeats 1] [--direct] [--eager-grv]
 
 reads (root: network namespaces, threefs/testing/netns.py): hosts ctl (mgmtd + meta), s1..sN (one storage
@@ -14,12 +15,16 @@ Chain table R=1, 2 targets per host, so a file's chunks spread over every host. 
 kv: one process, `--tasks` concurrent asyncio tasks each running `engine.run` on a transaction shaped like a
 create (read a parent key, write an entry and an inode) for --seconds, on SQLite (a file) and on a real
 3-member etcd cluster on loopback (threefs/testing/etcd_cluster.py), beside plain etcd Txns (a guarded put of
-two keys) through the same client library (grpcio) at the same concurrency. Goal: engine >= 0.5x plain.
---no-fsync repeats the etcd rows on a cluster run with --unsafe-no-fsync (not a product figure).
+two keys; `--puts N`: N keys on both sides, 7 as a meta create commits) through the same client library
+(grpcio) at the same concurrency. Goal: engine >= 0.5x plain. Per row it also prints what bounds the engine:
+commits per etcd Txn (batches grow with the tasks), this process's CPU per commit (Python, gRPC) and the
+etcd members' CPU per commit. --no-fsync repeats the etcd rows on a cluster run with --unsafe-no-fsync (not
+a product figure).
 
 creates: threefs file creates/s with --clients client processes on a local cluster (3 storage, R=3, 2 meta)
 keeping metadata on SQLite, then on a 3-member etcd (--direct: also etcd without the engine's replica, every
-read from etcd). Goal: etcd >= 0.5x SQLite.
+read from etcd). Goal: etcd >= 0.5x SQLite. Each run prints the CPU per create of the clients and of every
+server process (etcd's members included), and the rate 2 cores would allow at that CPU per create.
 """
 
 from __future__ import annotations
@@ -133,7 +138,10 @@ def cmd_reads(args) -> None:
 
 
 # -- kv --------------------------------------------------------------------------------------------------
-async def kv_rate(url: str, tasks: int, seconds: float) -> float:
+async def kv_rate(url: str, tasks: int, seconds: float, cpu_pids: list[int] | None = None, puts: int = 2) -> float:
+    """Create-shaped commits/s of the engine at `url` with `tasks` concurrent tasks. With `cpu_pids` (the etcd
+    members), KV_COSTS[url] gets what bounds it: commits per etcd Txn, this process's CPU per commit (the
+    engine: Python, gRPC) and the members' CPU per commit (etcd itself)."""
     engine = await open_engine(url)
     done = 0
     stop = time.monotonic() + seconds
@@ -146,20 +154,33 @@ async def kv_rate(url: str, tasks: int, seconds: float) -> float:
                 await tr.get(b"dir/%d" % w)
                 tr.set(b"dentry/%d/%d" % (w, i), b"x" * 64)
                 tr.set(b"inode/%d/%d" % (w, i), b"y" * 128)
+                for j in range(puts - 2):  # --puts: a meta create commits 7 (inode, dentry, directory, ...)
+                    tr.set(b"more%d/%d/%d" % (j, w, i), b"z" * 96)
 
             await engine.run(create)
             done += 1
             i += 1
 
     try:
+        stats = getattr(engine, "stats", {})
+        batches0 = stats.get("commit_batches", 0)
+        etcd0 = sum(_cpu_s(p) for p in cpu_pids or [])
+        own0 = time.process_time()
         start = time.monotonic()
         await asyncio.gather(*(worker(w) for w in range(tasks)))
-        return done / (time.monotonic() - start)
+        elapsed = time.monotonic() - start
+        if cpu_pids and done:
+            KV_COSTS[url] = (done / max(stats.get("commit_batches", 0) - batches0, 1),
+                             (time.process_time() - own0) / done, (sum(_cpu_s(p) for p in cpu_pids) - etcd0) / done)
+        return done / elapsed
     finally:
         await engine.close()
 
 
-async def plain_etcd_rate(endpoint: str, tasks: int, seconds: float) -> float:
+KV_COSTS: dict[str, tuple[float, float, float]] = {}  # url -> (commits per Txn, engine s, etcd s per commit)
+
+
+async def plain_etcd_rate(endpoint: str, tasks: int, seconds: float, puts: int = 2) -> float:
     """The reference: plain etcd Txns through the same client library (grpcio, the engine's etcd_wire
     messages) at the same concurrency, each a guarded put of two keys (entry key absent -> put entry and inode)."""
     done = 0
@@ -173,9 +194,11 @@ async def plain_etcd_rate(endpoint: str, tasks: int, seconds: float) -> float:
             i = 0
             while time.monotonic() < stop:
                 entry, inode = b"plain/%s/dentry/%d/%d" % (run, w, i), b"plain/%s/inode/%d/%d" % (run, w, i)
+                more = [wire.op_put(wire.put_request(b"plain/%s/more%d/%d/%d" % (run, j, w, i), b"z" * 96))
+                        for j in range(puts - 2)]
                 request = wire.txn_request([wire.compare(entry, wire.CREATE, wire.EQUAL, 0)],
                                            [wire.op_put(wire.put_request(entry, b"x" * 64)),
-                                            wire.op_put(wire.put_request(inode, b"y" * 128))])
+                                            wire.op_put(wire.put_request(inode, b"y" * 128)), *more])
                 reply = wire.txn_response(await txn(request, timeout=10))
                 assert reply["succeeded"], reply
                 done += 1
@@ -187,7 +210,10 @@ async def plain_etcd_rate(endpoint: str, tasks: int, seconds: float) -> float:
 
 
 def cmd_kv(args) -> None:
-    print(f"create-shaped commits/s (read a parent key, write entry + inode), {args.seconds} s per sample, "
+    if args.puts < 2:
+        raise SystemExit("scaleout.py kv: --puts must be at least 2 (the entry and the inode)")
+    print(f"create-shaped commits/s (read a parent key, write {args.puts} keys: entry, inode, ...), {args.seconds} s "
+          f"per sample, "
           f"{args.repeats} interleaved samples per row (the machine is shared: the best counts, the median is "
           f"shown too); load {open('/proc/loadavg').read().split()[:3]}")
     with tempfile.TemporaryDirectory(prefix="threefs-kvrate-") as tmp:
@@ -198,19 +224,27 @@ def cmd_kv(args) -> None:
                 for tasks in [int(x) for x in args.tasks.split(",")]:
                     samples: dict[str, list[float]] = {}
                     for rep in range(args.repeats):
-                        rows = [("etcd x3", lambda: kv_rate(etcd.kv_url(f"b{tasks}-{rep}"), tasks, args.seconds)),
-                                ("plain etcd txn", lambda: plain_etcd_rate(first, tasks, args.seconds))]
+                        members = [m.process.pid for m in etcd.members if m.process is not None]
+                        rows = [("etcd x3", lambda: kv_rate(etcd.kv_url(f"b{tasks}-{rep}"), tasks, args.seconds,
+                                                            members, args.puts)),
+                                ("plain etcd txn", lambda: plain_etcd_rate(first, tasks, args.seconds, args.puts))]
                         if args.direct:
                             rows.append(("etcd x3 direct", lambda: kv_rate(
-                                etcd.kv_url(f"d{tasks}-{rep}") + "?replica=off", tasks, args.seconds)))
+                                etcd.kv_url(f"d{tasks}-{rep}") + "?replica=off", tasks, args.seconds, None,
+                                args.puts)))
                         if not label:
                             rows.append(("sqlite", lambda: kv_rate(f"sqlite:///{tmp}/kv{tasks}-{rep}.db", tasks,
-                                                                   args.seconds)))
+                                                                   args.seconds, None, args.puts)))
                         for name, run in rows:
                             samples.setdefault(name, []).append(asyncio.run(run()))
                     for name, rates in samples.items():
                         print(f"  {name + label:24} {tasks:2} tasks: best {max(rates):6.0f} /s  median "
                               f"{statistics.median(rates):6.0f}  ({', '.join(f'{r:.0f}' for r in rates)})")
+                    costs = [KV_COSTS[etcd.kv_url(f"b{tasks}-{rep}")] for rep in range(args.repeats)]
+                    print(f"  {'etcd x3' + label:24} {tasks:2} tasks, per commit (median of samples): "
+                          f"{statistics.median(c[0] for c in costs):.2f} commits per etcd Txn, engine process CPU "
+                          f"{statistics.median(c[1] for c in costs) * 1e3:.3f} ms, etcd members' CPU "
+                          f"{statistics.median(c[2] for c in costs) * 1e3:.3f} ms")
                     ours, ref = samples["etcd x3"], samples["plain etcd txn"]
                     paired = [a / b for a, b in zip(ours, ref)]
                     print(f"  -> etcd engine / plain etcd txn{label}: best {max(ours) / max(ref):.2f}x, "
@@ -369,12 +403,19 @@ def cmd_creates(args) -> None:
                                   f"{c['txn_call_s'] / max(c['commit_batches'], 1e-9) * 1e3:.1f} ms each); CPU ms "
                                   f"per create: "
                                   + ", ".join(f"{g} {c['cpu ' + g] * 1e3:.2f}" for g in pids), flush=True)
-                        rate = run_system("threefs", str(cluster.client_config_path), args.clients, args.files,
-                                          f"r{rep}", [])["create"][0]  # (ops/s, client µs, server µs)
+                        # every server process of the system: the cluster's, and etcd's members on etcd
+                        servers = list(cluster.running().values())
+                        if name != "sqlite":
+                            servers += [m.process.pid for m in etcd.members if m.process is not None]
+                        rate, client_us, server_us = run_system("threefs", str(cluster.client_config_path),
+                                                                args.clients, args.files, f"r{rep}",
+                                                                servers)["create"]
                     finally:
                         cluster.down()
                     rates[name] = max(rates.get(name, 0.0), rate)
-                    print(f"  {name:8} run {rep + 1}: {rate:7.0f} creates/s; load "
+                    print(f"  {name:8} run {rep + 1}: {rate:7.0f} creates/s; CPU per create: clients "
+                          f"{client_us:.0f} µs, servers {server_us:.0f} µs (2 cores: at most "
+                          f"{2e6 / (client_us + server_us):.0f} creates/s at this CPU per create); load "
                           f"{open('/proc/loadavg').read().split()[:3]}", flush=True)
             print(f"  -> etcd ({args.members} members) / sqlite = {rates['etcd'] / rates['sqlite']:.2f}x (best runs; "
                   f"goal >= 0.5x)")
@@ -401,6 +442,7 @@ def main() -> None:
     k.add_argument("--repeats", type=int, default=3)
     k.add_argument("--tasks", default="1,8")
     k.add_argument("--direct", action="store_true", help="also the engine with ?replica=off")
+    k.add_argument("--puts", type=int, default=2, help="keys each commit writes, both sides (a meta create: 7)")
     k.add_argument("--no-fsync", action="store_true", help="also a cluster with --unsafe-no-fsync (not the "
                    "product figure: shows what etcd's fsync costs)")
     k.set_defaults(fn=cmd_kv)
