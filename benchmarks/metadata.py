@@ -13,7 +13,8 @@ Every client is its own process (8 clients = 8 processes, as real clients are) w
 
 Systems (each run --repeats times, interleaved; the best run counts, since the machine is shared):
   threefs  a local cluster (2 meta servers on one SQLite KV, 3 storage) in a temp dir, via the public Client
-           API: `with fs.open(path, "xb"): pass`, fs.stat, fs.listdir, fs.remove (a fresh cluster per client
+           API: `with fs.open(path, "xb"): pass`, fs.stat, fs.listdir, fs.remove on /bench-TAG-cK/fN, as deep
+           as the engine's /cK/fN (the same path walk on both sides; a fresh cluster per client
            count; default GC delay, so unlinked files' chunks are removed after the run, as in 3FS)
   meta no RPC  "the engine without RPC": meta's MetaStore run inside each client process on its own SQLite KV,
            doing what the servers do for the same calls (an open per create, and the untouched files'
@@ -62,7 +63,9 @@ WRITE_NEW = os.O_CREAT | os.O_EXCL | os.O_WRONLY
 class ThreefsClient:
     def __init__(self, config: str, k: int, tag: str):
         self.fs = Client.connect(config)
-        self.dir = f"/bench-{tag}/c{k}"
+        # One level below the root, as the engine's /c{k}: the same path walk (a dentry per level) on both
+        # sides. (It was /bench-{tag}/c{k}: one dentry more per call than the engine read.)
+        self.dir = f"/bench-{tag}-c{k}"
         self.fs.mkdir(self.dir, parents=True, exist_ok=True)
 
     def create(self, i: int) -> None:
