@@ -364,6 +364,7 @@ class WriteBehind:
         self._buf_len = 0
         self._tasks: dict[asyncio.Task, tuple[int, int]] = {}  # writes in flight -> [begin, end)
         self._inflight_bytes = 0
+        self._unsent = 0  # pieces taken out of the buffer, not yet a write in flight (_send waits)
         self._free: list[memoryview] = []
         self._error: BaseException | None = None
         self.acked_end = -1  # highest end storage acknowledged
@@ -372,8 +373,12 @@ class WriteBehind:
 
     @property
     def dirty(self) -> bool:
-        """Bytes buffered or in flight (a read must flush them first to see them)."""
-        return self._buf is not None or bool(self._tasks)
+        """Bytes buffered, on their way to storage or in flight (a read must flush them first to see
+        them). On their way: _send took a piece out of the buffer and waits for an overlapping write or
+        for room before it becomes a write in flight; the buffer is empty then, and once the write it
+        waits for is over nothing is in flight either (the FUSE daemon's read of a page skipped the flush
+        there, read the bytes from before it, and the kernel wrote them back: docs/fuse.md)."""
+        return self._buf is not None or bool(self._tasks) or self._unsent > 0
 
     def acknowledged(self, written_end: int) -> int:
         """The length a writer that wrote up to written_end may publish: all of it, or after a failed
@@ -459,11 +464,15 @@ class WriteBehind:
 
     async def _send(self, offset: int, data: memoryview, owned: memoryview | None) -> None:
         end = offset + len(data)
-        overlapping = [t for t, (b, e) in self._tasks.items() if b < end and offset < e]
-        if overlapping:  # a write to the same bytes still in flight must land first
-            await asyncio.wait(overlapping)
-        while self._tasks and self._inflight_bytes + len(data) > self._max:
-            await asyncio.wait(list(self._tasks), return_when=asyncio.FIRST_COMPLETED)
+        self._unsent += 1  # dirty until it is a write in flight
+        try:
+            overlapping = [t for t, (b, e) in self._tasks.items() if b < end and offset < e]
+            if overlapping:  # a write to the same bytes still in flight must land first
+                await asyncio.wait(overlapping)
+            while self._tasks and self._inflight_bytes + len(data) > self._max:
+                await asyncio.wait(list(self._tasks), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._unsent -= 1
         task = asyncio.ensure_future(self._aio.write_at(self.attr, offset, data))
         self._tasks[task] = (offset, end)
         self._inflight_bytes += len(data)
