@@ -433,3 +433,50 @@ def test_a_pool_with_recent_s_reuses_without_polling_and_a_dead_connection_fails
             await server.stop()
 
     uvloop.run(main())
+
+
+@pytest.mark.parametrize("runner", LOOPS)
+def test_the_answer_to_a_reads_last_request_goes_out_before_the_requests_bookkeeping(runner):
+    """The answer of a handler that finishes inside the read is written as soon as it is the read's last
+    frame, not after the request's bookkeeping (the metrics hook, here one that blocks the loop for 1 s):
+    the caller has its answer while the server still finishes up. Answers to earlier frames of the same
+    read wait for it and go out in the same write (pipelined answers stay in one system call)."""
+
+    async def main():
+        server, _, addr = await _start()
+        observed = []
+
+        def slow_hook(method, seconds, code, bytes_in, bytes_out):
+            observed.append(method)
+            time.sleep(1.0)  # blocks the server's loop, as slow bookkeeping would
+
+        try:
+            def call():
+                conn = BlockingConnection(addr, TOKEN, "eager", 10.0)
+                try:
+                    server.metrics_hook = slow_hook
+                    t0 = time.monotonic()
+                    header = conn.exchange(KIND_REQUEST, "d.now", body_encoder.encode(Req("x")), 10)
+                    took = time.monotonic() - t0
+                    text = msgspec.msgpack.decode(header.body, type=Rsp).text  # valid until the next call
+                    server.metrics_hook = None
+                    # two requests in one write: both answers arrive, the first one batched with the second
+                    conn.sock.sendall(_raw_frames([(900, "d.now", Req("a"), None), (901, "d.now", Req("b"), None)]))
+                    expect = {900: None, 901: None}
+                    texts = {}
+                    while expect:
+                        h, _ = conn.receive(expect)
+                        del expect[h.rid]
+                        texts[h.rid] = msgspec.msgpack.decode(h.body, type=Rsp).text
+                    return text, took, texts
+                finally:
+                    conn.close()
+
+            text, took, texts = await asyncio.get_running_loop().run_in_executor(None, call)
+            assert text == "x" and observed == ["d.now"]
+            assert took < 0.5, f"the answer waited {took:.2f} s for the metrics hook"
+            assert texts == {900: "a", 901: "b"}
+        finally:
+            await server.stop()
+
+    runner(main())

@@ -104,6 +104,11 @@ class FrameReader:
         self._end += nbytes
         self._parse()
 
+    def drained(self) -> bool:
+        """Whether every byte received so far has been delivered as frames (in `on_frame`: the frame being
+        handled is the last one of this read)."""
+        return self._start == self._end and self._direct is None
+
     def divert(self, rid: int) -> None:
         """If frame `rid`'s payload is being received directly, send its remaining bytes elsewhere.
 

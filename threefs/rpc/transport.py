@@ -14,8 +14,9 @@ class FramedProtocol(asyncio.BufferedProtocol):
     """Reads frames with `FrameReader`; writes frames with back-pressure (`await send(...)`).
 
     With `batch_writes`, frames without a payload that are written while one `buffer_updated` is being
-    handled (answers of handlers that finished inside it) are sent in one `transport.write` at its end: one
-    system call for all the answers to the requests one read delivered."""
+    handled (answers of handlers that finished inside it) are sent in one `transport.write`: one system call
+    for all the answers to the requests one read delivered. That write happens as soon as the answer to the
+    read's last frame is written (`write_frame`), else at the end of `buffer_updated`."""
 
     batch_writes = False
 
@@ -107,9 +108,18 @@ class FramedProtocol(asyncio.BufferedProtocol):
             return False
         if payload is None:
             head = encode_frame_head(header, 0)
-            if self._batch is not None:
-                self._batch.append(head)
-                return True
+            batch = self._batch
+            if batch is not None:
+                if not self.reader.drained():
+                    batch.append(head)
+                    return True
+                # The read's last frame: no later answer can join this write, so it goes out now, before
+                # the rest of the request's bookkeeping (metrics, unwinding the reader): the caller gets
+                # its answer that much sooner, and that work overlaps with the caller's.
+                if batch:
+                    batch.append(head)
+                    head = b"".join(batch)
+                    batch.clear()
             self.transport.write(head)
             return True
         return False
