@@ -65,6 +65,41 @@ def test_metrics_endpoint_serves_rpc_counters_and_gauges():
     assert 'threefs_service_info{node_id="109",service="storage-9"} 1.0' in text
 
 
+def test_rpc_latency_histogram_buckets_and_the_method_bound():
+    """The RPC counters are plain numbers exported at scrape time (common/metrics.py): the histogram's
+    buckets are Prometheus's (le: at most the bound, cumulative, +Inf = count), the counters carry their
+    _created series, and past METHODS_MAX methods new names count as "other"."""
+    from prometheus_client import generate_latest
+
+    from threefs.common.metrics import LATENCY_BUCKETS_S, METHODS_MAX
+
+    m = ServiceMetrics("meta-1", 1)
+    for seconds in (0.0001, 0.00010001, 0.0005, 0.003, 10.0, 11.0):  # on a bound, just above, past the last
+        m.observe_rpc("meta.stat", seconds, None)
+    m.observe_rpc("meta.stat", 0.002, StatusCode.NOT_FOUND)
+    text = generate_latest(m.registry).decode()
+    expect = {0.0001: 1, 0.0005: 3, 0.001: 3, 0.0025: 4, 0.005: 5, 10.0: 6}
+    for bound, count in expect.items():
+        assert f'threefs_rpc_latency_seconds_bucket{{le="{bound!r}",method="meta.stat"}} {float(count)!r}' in text
+    assert 'threefs_rpc_latency_seconds_bucket{le="+Inf",method="meta.stat"} 7.0' in text
+    assert 'threefs_rpc_latency_seconds_count{method="meta.stat"} 7.0' in text
+    total = 0.0001 + 0.00010001 + 0.0005 + 0.003 + 10.0 + 11.0 + 0.002
+    line = next(ln for ln in text.splitlines() if ln.startswith('threefs_rpc_latency_seconds_sum{method="meta.stat"}'))
+    assert abs(float(line.split()[-1]) - total) < 1e-9
+    assert 'threefs_rpc_requests_total{method="meta.stat",status="OK"} 6.0' in text
+    assert 'threefs_rpc_requests_total{method="meta.stat",status="NOT_FOUND"} 1.0' in text
+    assert 'threefs_rpc_requests_created{method="meta.stat",status="OK"}' in text
+    assert 'threefs_rpc_latency_seconds_created{method="meta.stat"}' in text
+    assert len(LATENCY_BUCKETS_S) + 1 == text.count('threefs_rpc_latency_seconds_bucket{le=')
+    for i in range(METHODS_MAX + 5):
+        m.observe_rpc(f"svc.m{i}", 0.001, None)
+    text = generate_latest(m.registry).decode()
+    methods = {ln.split('method="')[1].split('"')[0] for ln in text.splitlines()
+               if ln.startswith("threefs_rpc_requests_total{")}
+    assert len(methods) == METHODS_MAX + 1 and "other" in methods  # meta.stat, 255 more, then "other"
+    assert 'threefs_rpc_requests_total{method="other",status="OK"} 6.0' in text
+
+
 def status_of(chains: dict[int, list[tuple[int, str]]], dead: tuple[int, ...] = (), syncs=(),
               bootstrapping=False) -> ms.MgmtdStatusRsp:
     nodes = {n: ms.NodeInfo(n, ms.STORAGE, f"h:{n}", alive=n not in dead) for n in (1, 2, 3)}

@@ -14,13 +14,15 @@ and threefs_service_info{service,node_id} naming the process.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from threefs.common.status import StatusCode
 
@@ -65,17 +67,61 @@ class _Gauges:
         yield from families.values()
 
 
+class _MethodStats:
+    """One method's RPC counters, kept as plain numbers by the event loop's thread and read at scrape time
+    (prometheus_client's Counter and Histogram take a lock per increment: 2.6 µs of a request's ~8 µs of
+    dispatch, measured without sockets)."""
+
+    __slots__ = ("statuses", "buckets", "sum", "bytes_in", "bytes_out", "created")
+
+    def __init__(self) -> None:
+        self.statuses: dict[str, list] = {}  # status name -> [count, created]
+        self.buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)  # per bucket (not cumulative); the last is +Inf
+        self.sum = 0.0
+        self.bytes_in = self.bytes_out = 0
+        self.created = time.time()
+
+
+class _RpcCollector:
+    """threefs_rpc_requests_total, threefs_rpc_latency_seconds and threefs_rpc_payload_bytes_total, with their
+    _created series, as prometheus_client's Counter and Histogram would export them."""
+
+    def __init__(self, methods: dict[str, _MethodStats]):
+        self.methods = methods
+
+    def collect(self):
+        methods = list(self.methods.items())  # the loop's thread may add one meanwhile
+        requests = CounterMetricFamily("threefs_rpc_requests", "RPC requests served, by method and status",
+                                       labels=["method", "status"])
+        latency = HistogramMetricFamily("threefs_rpc_latency_seconds", "RPC handling time, by method",
+                                        labels=["method"])
+        latency_created = GaugeMetricFamily("threefs_rpc_latency_seconds_created", "RPC handling time, by "
+                                            "method", labels=["method"])
+        payload = CounterMetricFamily("threefs_rpc_payload_bytes", "bulk payload bytes, by method and "
+                                      "direction", labels=["method", "direction"])
+        for method, st in methods:
+            for status, (count, created) in list(st.statuses.items()):
+                requests.add_metric([method, status], count, created=created)
+            if st.statuses:
+                cumulative, buckets = 0, []
+                for bound, count in zip(LATENCY_BUCKETS_S, st.buckets):
+                    cumulative += count
+                    buckets.append((repr(float(bound)), cumulative))
+                buckets.append(("+Inf", cumulative + st.buckets[-1]))
+                latency.add_metric([method], buckets, st.sum)
+                latency_created.add_metric([method], st.created)
+            for direction, nbytes in (("in", st.bytes_in), ("out", st.bytes_out)):
+                if nbytes:
+                    payload.add_metric([method, direction], nbytes, created=st.created)
+        yield from (requests, latency, latency_created, payload)
+
+
 class ServiceMetrics:
     def __init__(self, service: str, node_id: int = 0):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.requests = Counter("threefs_rpc_requests", "RPC requests served, by method and status",
-                                ["method", "status"], registry=self.registry)
-        self.latency = Histogram("threefs_rpc_latency_seconds", "RPC handling time, by method", ["method"],
-                                 buckets=LATENCY_BUCKETS_S, registry=self.registry)
-        self.payload = Counter("threefs_rpc_payload_bytes", "bulk payload bytes, by method and direction",
-                               ["method", "direction"], registry=self.registry)
-        self._methods: set[str] = set()
-        self._children: dict[tuple, object] = {}  # bounded: METHODS_MAX methods x statuses x directions
+        # RPC counters by method (bounded: METHODS_MAX methods, then "other"), exported by _RpcCollector
+        self._rpc: dict[str, _MethodStats] = {}
+        self.registry.register(_RpcCollector(self._rpc))
         self.sources: list[GaugeSource] = [
             lambda: [Sample("threefs_service_info", "this process", {"service": service,
                                                                     "node_id": str(node_id)}, 1)]]
@@ -90,25 +136,32 @@ class ServiceMetrics:
 
     def observe_rpc(self, method: str, seconds: float, code: StatusCode | None, bytes_in: int = 0,
                     bytes_out: int = 0) -> None:
-        """`RpcServer.metrics_hook`."""
-        if code == StatusCode.UNKNOWN_METHOD or (method not in self._methods
-                                                 and len(self._methods) >= METHODS_MAX):
-            method = "other"
-        self._methods.add(method)
-        self._child(self.requests, method, code.name if code is not None else "OK").inc()
-        self._child(self.latency, method).observe(seconds)
+        """`RpcServer.metrics_hook`. Called from the event loop's thread only."""
+        st = self._rpc.get(method)
+        if st is None or code == StatusCode.UNKNOWN_METHOD:
+            st = self._method(method, code)
+        status = "OK" if code is None else code.name
+        counter = st.statuses.get(status)
+        if counter is None:
+            st.statuses[status] = [1, time.time()]
+        else:
+            counter[0] += 1
+        st.buckets[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1  # le: the first bound >= seconds
+        st.sum += seconds
         if bytes_in:
-            self._child(self.payload, method, "in").inc(bytes_in)
+            st.bytes_in += bytes_in
         if bytes_out:
-            self._child(self.payload, method, "out").inc(bytes_out)
+            st.bytes_out += bytes_out
 
-    def _child(self, metric, *labels):
-        """metric.labels(*labels), cached: .labels() validates and locks on every call (hot path)."""
-        key = (metric._name, *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+    def _method(self, method: str, code: StatusCode | None) -> _MethodStats:
+        """The counters of a method seen for the first time; callers can name any method, so unknown ones
+        and any past METHODS_MAX count as "other"."""
+        if code == StatusCode.UNKNOWN_METHOD or (method not in self._rpc and len(self._rpc) >= METHODS_MAX):
+            method = "other"
+        st = self._rpc.get(method)
+        if st is None:
+            st = self._rpc[method] = _MethodStats()
+        return st
 
     async def watch_event_loop(self, interval_s: float = LOOP_LAG_INTERVAL_S) -> None:
         """Runs for the process's lifetime: how late the event loop wakes a sleeper is how long
