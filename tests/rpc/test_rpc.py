@@ -285,3 +285,58 @@ def test_a_peer_of_another_protocol_version_gets_a_clear_error(monkeypatch):
             await server.stop()
 
     run(main())
+
+
+def test_frame_reader_scatters_a_payload_over_its_parts_and_digests_each():
+    """A Scatter destination: the payload lands in its parts in order whatever the fragmentation (bytes
+    already buffered with the header included), each part digested as it fills; a trimmed payload (head)
+    fills a prefix; a diverted receive (the caller gave up) writes nothing more into the parts."""
+    import random
+    import zlib
+
+    from threefs.rpc.frame import FrameReader, Header, Scatter, encode_frame_head
+
+    rng = random.Random(2)
+    diverted_midway = 0
+    for trial in range(90):
+        sizes = [rng.choice([1, 63, 4096, 65536, 70001]) for _ in range(rng.randrange(1, 8))]
+        parts = [memoryview(bytearray(b"\xab" * n)) for n in sizes]
+        scatter = Scatter(parts, zlib.crc32)
+        plen = rng.choice([len(scatter), len(scatter), max(1, len(scatter) - rng.randrange(0, 70000))])
+        payload = rng.randbytes(plen)
+        stream = encode_frame_head(Header(1, 7, method="m"), plen) + payload
+        head = len(stream) - plen
+        got = []
+        reader = FrameReader(lambda h, p: got.append(p), lambda h, n: scatter.head(n))
+        divert_at = rng.randrange(head, len(stream)) if trial % 3 == 0 else None
+        landed = None  # payload bytes in the parts when the caller gave up midway
+        pos = 0
+        while pos < len(stream):
+            if divert_at is not None and pos == divert_at:
+                if reader._direct is not None:  # the payload is being received
+                    landed = pos - head
+                reader.divert(7)
+                divert_at = None
+            buf = reader.get_buffer(-1)
+            n = min(len(buf), rng.choice([1, 7, 100, 4096, 65536, 1 << 20]), len(stream) - pos)
+            if divert_at is not None and pos < divert_at:
+                n = min(n, divert_at - pos)
+            buf[:n] = stream[pos:pos + n]
+            pos += n
+            reader.buffer_updated(n)
+        assert len(got) == 1
+        flat = b"".join(bytes(p) for p in parts)
+        if landed is not None:
+            diverted_midway += 1
+            assert type(got[0]) is not Scatter
+            assert flat[:landed] == payload[:landed] and flat[landed:] == b"\xab" * (len(flat) - landed)
+            continue
+        assert type(got[0]) is Scatter and len(got[0]) == plen
+        assert flat[:plen] == payload and flat[plen:] == b"\xab" * (len(scatter) - plen)
+        full, at = [], 0
+        for n in sizes:
+            if at < plen:  # (the last part of a trimmed payload: as much of it as was received)
+                full.append(zlib.crc32(payload[at:min(at + n, plen)]))
+            at += n
+        assert got[0].digests == full
+    assert diverted_midway >= 10

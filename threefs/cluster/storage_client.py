@@ -22,6 +22,7 @@ from threefs.common import limits
 from threefs.common.buffers import IO_BUFFER_ALIGN, BufferPool
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.client import RpcClient
+from threefs.rpc.frame import Scatter
 from threefs.rpc.schemas import storage as ss
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,10 @@ RETRY_S = 20.0  # total time an IO keeps retrying retryable errors
 PACKED_IOS_MAX = 256  # IOs in one storage.read_packed request (a client batch is split into these)
 BATCH_BYTES_MAX = 4 * limits.MiB
 SOLO_IO_BYTES_MIN = 128 * limits.KiB  # larger IOs skip batching so they need no scatter copy
+# A packed request whose IOs are all at least this long is received straight into the IOs' destinations (a
+# frame.Scatter: one part per IO, the slots' alignment padding into a scratch), not into one buffer and then
+# copied out; smaller ones are copied (a part costs a receive system call of its own)
+SCATTER_IO_BYTES_MIN = 32 * limits.KiB
 PLAN_SMALL_IOS_MAX = 64  # batches of at most this many IOs are planned in plain Python (StorageClient._plan_small)
 
 
@@ -109,6 +114,7 @@ class StorageClient:
         self._request_ids = itertools.count(1)
         self._rr = itertools.count()
         self.pool = BufferPool()  # scatter buffers of multi-IO reads
+        self._pad = memoryview(bytearray(IO_BUFFER_ALIGN))  # alignment padding of Scatter-received slots
         self.damaged_reads = 0  # IOs whose bytes failed their checksum on arrival (then read elsewhere)
         self._replicas_cache: dict[int, list | ThreeFSError] = {}
         self._replicas_version = -1
@@ -442,10 +448,13 @@ class StorageClient:
         # chunk are then checked here on arrival (or by the caller, check_arrival=False) instead of there.
         zero_copy = self.zero_copy and len(idx) == 1 and int(lengths[0]) >= SOLO_IO_BYTES_MIN
         req = ss.PackedReadReq(ios.tobytes(), allow_uncommitted, self.rpc.senders is not None, zero_copy)
-        # One IO: receive straight into the caller's memory. Several: into one buffer, then scatter.
+        # One IO: receive straight into the caller's memory; several big ones: straight into their own
+        # destinations (Scatter); several small ones: into one buffer, then copied out.
         lease = None
         if len(idx) == 1:
             recv = batch.dest(int(idx[0]))
+        elif int(lengths.min()) >= SCATTER_IO_BYTES_MIN:
+            recv = self._scatter(batch, idx, lengths)
         else:
             lease = self.pool.acquire(int(ends[-1]))
             recv = lease.view
@@ -459,6 +468,20 @@ class StorageClient:
         if zero_copy and self.damaged_reads != damaged and k in batch.errors:  # the server did not check it
             self._background(self._report_damage(addr, int(batch.ios["target"][k]),
                                                  batch.ios["chunk"][k:k + 1].tobytes()))
+
+    def _scatter(self, batch: "ReadBatch", idx: np.ndarray, lengths: np.ndarray) -> Scatter:
+        """The payload of a packed request laid out over its IOs' destinations: each IO's slot is its
+        destination, then its alignment padding (into a scratch: never the caller's memory). Each IO's bytes
+        are crc32c'd as soon as they are in (in cache), see _arrived_crcs; checked whatever check_arrival says,
+        as when they were copied out of one buffer."""
+        parts = []
+        dest = batch.dest
+        for k, ln in zip(idx.tolist(), lengths.tolist()):
+            parts.append(dest(k))
+            pad = -ln % IO_BUFFER_ALIGN
+            if pad:
+                parts.append(self._pad[:pad])
+        return Scatter(parts, crc32c.crc32c)
 
     async def _report_damage(self, addr: str, target_id: int, chunk_id: bytes) -> None:
         """storage.report_damage: a whole chunk sent zero-copy arrived damaged; the server checks its copy
@@ -480,18 +503,32 @@ class StorageClient:
                                             recv_into=recv)
         except ThreeFSError as e:
             fail_ios(batch, idx, e)
+            if type(recv) is Scatter:  # a slot received in part may hold another IO's bytes (an error's slot)
+                zero_dests(batch, idx)
             return
-        self.apply_packed(addr, rsp, payload, batch, idx, lengths, ends, single, zero_copy)
+        # (a payload longer than asked for is not received in place: the transport gave it a buffer of its own)
+        single = single and (payload is None or len(payload) <= len(recv))
+        crcs = None
+        if type(recv) is Scatter:
+            crcs = _arrived_crcs(payload, lengths) if type(payload) is Scatter else [None] * len(idx)
+        self.apply_packed(addr, rsp, payload, batch, idx, lengths, ends, single, zero_copy, crcs)
 
     def apply_packed(self, addr: str, rsp: ss.PackedReadRsp, payload, batch: "ReadBatch", idx: np.ndarray,
-                     lengths: np.ndarray, ends: np.ndarray, single: bool, zero_copy: bool = False) -> None:
+                     lengths: np.ndarray, ends: np.ndarray, single: bool, zero_copy: bool = False,
+                     crcs: list | None = None) -> None:
         """Check a read_packed response's IOs (status, crc32c of what arrived) and place their bytes in
         the batch's destinations (`single`: the payload was received in place, into the one IO's destination
-        or into destinations laid out as the payload's slots, client/storage_sync.py _in_place).
+        or into destinations laid out as the payload's slots, client/storage_sync.py _in_place, or each slot
+        into its IO's destination, _scatter). In place, a failed IO's destination is zeroed: its slot held
+        what the server had there (an error's slot is not written by the server) or bytes damaged on the way.
         Plain CPU work: also used by the caller-thread read path (client/storage_sync.py).
 
         A zero_copy request's whole chunk may come unchecked by the server: its write-time crc is always
-        checked here on arrival, check_arrival or not (a chunk is never returned that no one has checked)."""
+        checked here on arrival, check_arrival or not (a chunk is never returned that no one has checked).
+
+        `crcs` (a Scatter-received request: checked whatever check_arrival says): per IO, the crc32c of its
+        whole destination taken as its bytes arrived, or None; used for an IO that got all its bytes (else its
+        crc32c is taken here)."""
         res = np.frombuffer(rsp.results, RESULT_DTYPE) if len(rsp.results) % RESULT_DTYPE.itemsize == 0 else None
         if res is None or len(res) != len(idx) or (res["length"] > lengths).any():
             fail_ios(batch, idx, status_error(StatusCode.PROTOCOL_ERROR, f"{addr}: malformed read_packed "
@@ -504,10 +541,11 @@ class StorageClient:
         starts = (ends - _aligned(lengths)).tolist()
         dests, dest_of, dest_off = batch.dests, batch.dest_of, batch.dest_off
         errors = batch.errors
-        # a packed IO is copied out of the payload: checked there. A zero-copy chunk is checked here whatever
-        # check_arrival says: the server did not check it (with check_arrival=False a server-checked whole
-        # chunk received in place is not checked again: the caller's own checksum covers the transfer)
-        check = batch.check_arrival or not single or zero_copy
+        # a packed IO copied out of the payload, or received by Scatter (crcs), is checked. A zero-copy chunk is
+        # checked here whatever check_arrival says: the server did not check it (with check_arrival=False a
+        # server-checked whole chunk received in place is not checked again: the caller's own checksum covers
+        # the transfer)
+        check = batch.check_arrival or not single or zero_copy or crcs is not None
         crc32c_of = crc32c.crc32c
         # the per-IO part: check what arrived, place it (~1-2 us per IO)
         for pos, (k, s, g, want, crc, st) in enumerate(zip(idx.tolist(), starts, got.tolist(), lengths.tolist(),
@@ -522,7 +560,8 @@ class StorageClient:
             o = dest_off[k]
             if g:
                 got_bytes = d[o:o + g] if single else payload[s:s + g]
-                if check and crc32c_of(got_bytes) != crc:
+                if check and (crcs[pos] if crcs is not None and g == want and crcs[pos] is not None
+                              else crc32c_of(got_bytes)) != crc:
                     # damaged between the server's disk read and here (network, memory): another replica
                     self.damaged_reads += 1
                     errors[k] = status_error(
@@ -530,12 +569,25 @@ class StorageClient:
                         f"{addr}: {g} bytes of chunk {batch.chunk_hex(k)} from target "
                         f"{int(batch.ios['target'][k])} arrived damaged (crc32c {crc32c.crc32c(got_bytes):08x}, "
                         f"sent {crc:08x}); reading another replica")
+                    if single:
+                        d[o:o + want] = bytes(want)
                     continue
                 if not single:
                     d[o:o + g] = got_bytes
             if g < want:  # a hole or past the chunk's end: zeros
                 d[o + g:o + want] = bytes(want - g)
         batch.got[idx] = got
+
+
+def _arrived_crcs(payload: Scatter, lengths: np.ndarray) -> list:
+    """Per IO of a Scatter-received packed payload (parts: each IO's destination, then its padding if any):
+    the crc32c of its destination as it arrived, or None (not all of it arrived: a trimmed payload)."""
+    parts, digests = payload.parts, payload.digests
+    out, i = [], 0
+    for ln in lengths.tolist():
+        out.append(digests[i] if i < len(digests) and len(parts[i]) == ln else None)
+        i += 1 if ln % IO_BUFFER_ALIGN == 0 else 2
+    return out
 
 
 def take_retries(batch: ReadBatch, pending: np.ndarray) -> np.ndarray:
@@ -553,6 +605,12 @@ def take_retries(batch: ReadBatch, pending: np.ndarray) -> np.ndarray:
 def fail_ios(batch: ReadBatch, idx: np.ndarray, error: ThreeFSError) -> None:
     for k in idx.tolist():
         batch.errors[k] = error
+
+
+def zero_dests(batch: ReadBatch, idx: np.ndarray) -> None:
+    for k in idx.tolist():
+        d = batch.dest(k)
+        d[:] = bytes(len(d))
 
 
 def _readable(routing: Routing, targets: list[int]) -> list[int]:

@@ -3,9 +3,10 @@
     rsp, payload = await rpc.call("127.0.0.1:9000", "storage.read", req, ReadRsp,
                                   recv_into=memoryview(buf))
 
-A response payload lands directly in `recv_into` when given (zero-copy read path), otherwise in a fresh
-buffer. A response that arrives after its caller gave up is drained into a throw-away buffer, so a
-caller's memory is never written after `call` returned.
+A response payload lands directly in `recv_into` when given (zero-copy read path; a frame.Scatter
+spreads it over several buffers in order), otherwise in a fresh buffer. A response that arrives after its
+caller gave up is drained into a throw-away buffer, so a caller's memory is never written after `call`
+returned.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import msgspec
 
 from threefs.common import limits
 from threefs.common.status import StatusCode, ThreeFSError, UnavailableError, status_error
-from threefs.rpc.frame import KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RTS, Header, body_encoder
+from threefs.rpc.frame import KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RTS, Header, Scatter, body_encoder
 from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
 from threefs.rpc.transport import FramedProtocol
 
@@ -64,8 +65,9 @@ class ClientConnection(FramedProtocol):
     def allocate_payload(self, header: Header, nbytes: int) -> memoryview:
         p = self.pending.get(header.rid)
         if p is not None and p.recv_into is not None and not p.future.done():
-            if len(p.recv_into) >= nbytes:
-                return p.recv_into[:nbytes]
+            into = p.recv_into
+            if len(into) >= nbytes:
+                return into.head(nbytes) if type(into) is Scatter else into[:nbytes]
         return memoryview(bytearray(nbytes))
 
     def frame_received(self, header: Header, payload: memoryview | None) -> None:
@@ -196,7 +198,7 @@ class RpcClient:
         timeout = timeout or limits.CALL_TIMEOUT_S_DEFAULT
         if payload is not None:
             payload = as_bytes_view(payload)
-        if recv_into is not None:
+        if recv_into is not None and type(recv_into) is not Scatter:
             recv_into = as_bytes_view(recv_into)
         try:
             async with asyncio.timeout(timeout):

@@ -67,8 +67,36 @@ class FrameError(ThreeFSError):
     """The byte stream cannot be trusted any more; the connection must be closed."""
 
 
-# get_payload_buffer(header, payload_len) -> writable memoryview of exactly payload_len bytes
-PayloadAllocator = Callable[[Header, int], memoryview]
+class Scatter:
+    """A payload destination made of several buffers, filled in order: a batch read's IOs received
+    straight into their own destinations (no copy out of one receive buffer). `len()` is the bytes it holds;
+    zero-length parts are dropped. With `digest` (e.g. crc32c), each part is digested as soon as it is full,
+    while its bytes are still in the CPU's cache: `digests[i]` is that of parts[i] (for the parts filled)."""
+
+    __slots__ = ("parts", "nbytes", "digest", "digests")
+
+    def __init__(self, parts: list[memoryview], digest: Callable | None = None):
+        self.parts = [p for p in parts if len(p)]
+        self.nbytes = sum(map(len, self.parts))
+        self.digest = digest
+        self.digests: list = []
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def head(self, nbytes: int) -> "Scatter":
+        """The first `nbytes` bytes (a payload shorter than the whole: the server trimmed its tail)."""
+        out, left = [], nbytes
+        for p in self.parts:
+            if left <= 0:
+                break
+            out.append(p[:left])
+            left -= len(p)
+        return Scatter(out, self.digest)
+
+
+# get_payload_buffer(header, payload_len) -> writable memoryview (or Scatter) of exactly payload_len bytes
+PayloadAllocator = Callable[[Header, int], "memoryview | Scatter"]
 FrameHandler = Callable[[Header, memoryview | None], None]
 
 
@@ -80,9 +108,11 @@ class FrameReader:
         self._view = memoryview(self._scratch)
         self._start = 0
         self._end = 0
-        self._direct: memoryview | None = None  # payload destination being filled by the socket
+        self._direct: memoryview | None = None  # payload destination (or its current part) being filled
         self._direct_pos = 0
         self._direct_header: Header | None = None
+        self._parts: list[memoryview] | None = None  # a Scatter's parts still to fill, last first
+        self._payload = None  # what the frame delivers: the memoryview, or the Scatter
         self.paused = False  # set by the owner to stop delivering frames (back-pressure); see resume()
 
     # -- BufferedProtocol plumbing ---------------------------------------------------------------
@@ -97,8 +127,15 @@ class FrameReader:
         if self._direct is not None:
             self._direct_pos += nbytes
             if self._direct_pos == len(self._direct):
-                header, payload = self._direct_header, self._direct
-                self._direct, self._direct_header = None, None
+                if self._parts is not None:  # a Scatter's part is full
+                    sc = self._payload
+                    if sc.digest is not None:
+                        sc.digests.append(sc.digest(self._direct))
+                if self._parts:  # on to its next part
+                    self._direct, self._direct_pos = self._parts.pop(), 0
+                    return
+                header, payload = self._direct_header, self._payload
+                self._direct = self._direct_header = self._payload = self._parts = None
                 self._on_frame(header, payload)
             return
         self._end += nbytes
@@ -114,7 +151,9 @@ class FrameReader:
 
         Called when a caller gives up on a request: its buffer must not be written after that."""
         if self._direct is not None and self._direct_header.rid == rid:
-            self._direct = memoryview(bytearray(len(self._direct)))
+            rest = len(self._direct) - self._direct_pos + sum(map(len, self._parts or ()))
+            self._direct, self._direct_pos, self._parts = memoryview(bytearray(rest)), 0, None
+            self._payload = self._direct
 
     def resume(self) -> None:
         """Deliver frames again, starting with those already buffered while paused."""
@@ -168,12 +207,27 @@ class FrameReader:
                 continue
             dest = self._allocate(header, plen)
             assert len(dest) == plen
-            dest[:have] = view[pstart : pstart + have]
+            if type(dest) is Scatter:
+                parts = dest.parts[::-1]
+                part, pos, at = parts.pop(), 0, pstart
+                while at < pstart + have:  # the bytes already here, into the parts they belong to
+                    n = min(len(part) - pos, pstart + have - at)
+                    part[pos:pos + n] = view[at:at + n]
+                    pos, at = pos + n, at + n
+                    if pos == len(part):
+                        if dest.digest is not None:
+                            dest.digests.append(dest.digest(part))
+                        if parts:
+                            part, pos = parts.pop(), 0
+            else:
+                dest[:have] = view[pstart : pstart + have]
+                part, pos, parts = dest, have, None
             if have == plen:
                 self._start = pstart + plen
                 self._on_frame(header, dest)
                 continue
-            self._direct, self._direct_pos, self._direct_header = dest, have, header
+            self._direct, self._direct_pos, self._direct_header = part, pos, header
+            self._parts, self._payload = parts, dest
             self._start = self._end = 0
             return
         if self._start == self._end:
