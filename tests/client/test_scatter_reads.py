@@ -135,3 +135,36 @@ def test_small_ios_still_go_through_one_buffer():
     batch.dests[HOLE] = batch.dests[HOLE][:4 * KiB]
     asyncio.run(storage._read_packed("s1", batch, np.arange(len(LENGTHS)), False))
     assert storage.received_into == [memoryview]
+
+
+def test_caller_thread_path_failing_midway_leaves_no_other_ios_bytes():
+    """The same on the caller-thread path (client/storage_sync.py): a connection that breaks after the
+    refused IO's slot (another IO's bytes) came in leaves every destination of the request zeroed."""
+    from threefs.client.storage_sync import SyncStorageReads
+    from threefs.rpc.blocking import Broken
+
+    rng = random.Random(8)
+    data, rsp, payload = _script(rng)
+    arrived = int(_aligned(np.array(LENGTHS[:REFUSED + 1])).sum()) + 7000
+
+    class Conn:
+        def receive(self, expect):
+            (target,) = expect.values()
+            assert type(target) is Scatter
+            at = 0
+            for part in target.parts:  # what arrived before the connection broke
+                n = max(0, min(len(part), arrived - at))
+                part[:n] = payload[at:at + n]
+                at += len(part)
+            raise Broken("connection reset by peer")
+
+    storage = StorageClient(types.SimpleNamespace(senders=None), None)
+    batch = _batch(True)
+    idx = np.arange(len(LENGTHS))
+    lengths = batch.ios["length"].astype(np.int64)
+    sent = ({1: (idx, lengths, np.cumsum(_aligned(lengths)))}, None)
+    assert SyncStorageReads._receive(None, "s1", Conn(), [idx], sent, batch, storage) is False
+    assert set(batch.errors) == set(range(len(LENGTHS)))
+    assert all(e.code == StatusCode.UNAVAILABLE for e in batch.errors.values())
+    for k, d in enumerate(batch.dests):
+        assert bytes(d) == bytes(LENGTHS[k]), k

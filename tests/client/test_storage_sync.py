@@ -217,3 +217,33 @@ def test_forked_workers_stay_on_different_services(fs, d, rng):
             assert p.exitcode == 0
         assert all(isinstance(g, list) and len(g) == 1 for g in got), got
         assert got[0] != got[1], got
+
+
+def test_big_samples_are_received_into_their_own_buffers(cluster, d, rng):
+    """Random samples of 64 KiB (and 40 KiB + 1) read into slices of one arena in another order than their
+    payload slots: received by the caller's thread straight into each sample's slice (a Scatter; the
+    connection's scratch buffer is never used), holes included, the same bytes."""
+    with Client.connect(str(cluster.client_config_path)) as fs:  # fresh connections: an unused scratch
+        fs.mkdir(f"{d}/dir", chunk_size=256 * KiB, stripe=3)
+        path = f"{d}/dir/f"
+        head, tail = rng.randbytes(1024 * KiB), rng.randbytes(1024 * KiB)
+        with fs.open(path, "wb") as f:
+            f.write(head)
+            f.seek(2048 * KiB)
+            f.write(tail)
+        data = head + bytes(1024 * KiB) + tail
+        attr = fs.stat(path)
+        sync = fs._storage_sync
+        for size in (64 * KiB, 40 * KiB + 1):
+            for _ in range(4):
+                n = 48
+                arena = np.full(n * size, 0xAB, dtype=np.uint8)
+                slots = rng.sample(range(n), n)  # sample i lands in slot slots[i] of the arena
+                offs = [rng.randrange(0, len(data) // (64 * KiB)) * 64 * KiB for _ in range(n)]
+                items = [(attr, o, arena[s * size:(s + 1) * size]) for o, s in zip(offs, slots)]
+                assert fs.batch_read(items) == [size] * n
+                for o, s in zip(offs, slots):
+                    assert arena[s * size:(s + 1) * size].tobytes() == data[o:o + size], (size, o)
+        assert sync.batches >= 8 and sync.handed_over == 0
+        scratch = [len(conn._scratch) for conns in sync._pool._idle.values() for conn in conns]
+        assert scratch and sum(scratch) == 0  # every payload went straight into the samples' buffers

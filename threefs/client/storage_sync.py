@@ -26,13 +26,13 @@ import threading
 
 import numpy as np
 
-from threefs.cluster.storage_client import (SOLO_IO_BYTES_MIN, ReadBatch, _aligned, fail_ios,
-                                            take_retries)
+from threefs.cluster.storage_client import (SCATTER_IO_BYTES_MIN, SOLO_IO_BYTES_MIN, ReadBatch, _aligned,
+                                            _arrived_crcs, fail_ios, take_retries, zero_dests)
 from threefs.common import limits
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.blocking import BlockingPool, Broken
 from threefs.rpc.client import _decoder
-from threefs.rpc.frame import KIND_REQUEST, body_encoder
+from threefs.rpc.frame import KIND_REQUEST, Scatter, body_encoder
 from threefs.rpc.schemas import storage as ss
 
 # Where this process's threads start taking turns (see SyncStorageReads.read): its pid, and in a forked child
@@ -168,14 +168,17 @@ class SyncStorageReads:
             for idx in requests:
                 fail_ios(batch, idx, status_error(StatusCode.UNAVAILABLE, str(error)))
             return False
-        expect = {rid: _in_place(batch, idx, lengths, ends) for rid, (idx, lengths, ends) in sent.items()}
+        expect = {rid: _in_place(batch, idx, lengths, ends, storage)
+                  for rid, (idx, lengths, ends) in sent.items()}
         while expect:
             try:
                 header, payload = conn.receive(expect)
             except (Broken, ThreeFSError) as e:  # transport trouble, or the server closing with a status
                 err = e if isinstance(e, ThreeFSError) else status_error(StatusCode.UNAVAILABLE, str(e))
-                for rid in expect:
+                for rid, target in expect.items():
                     fail_ios(batch, sent[rid][0], err)
+                    if type(target) is Scatter:  # a slot received in part may hold another IO's bytes
+                        zero_dests(batch, sent[rid][0])
                 return False
             target = expect.pop(header.rid)
             # received in place (the one IO's destination, or a run of destinations laid out as the payload)
@@ -190,7 +193,10 @@ class SyncStorageReads:
                 fail_ios(batch, idx, status_error(StatusCode.PROTOCOL_ERROR,
                                                   f"bad read_packed response from {addr}: {e}"))
                 continue
-            storage.apply_packed(addr, rsp, payload, batch, idx, lengths, ends, single)
+            crcs = None
+            if type(target) is Scatter:  # checked whatever check_arrival says (see StorageClient._scatter)
+                crcs = _arrived_crcs(payload, lengths) if type(payload) is Scatter else [None] * len(idx)
+            storage.apply_packed(addr, rsp, payload, batch, idx, lengths, ends, single, crcs=crcs)
         return True
 
     def close(self) -> None:
@@ -198,23 +204,26 @@ class SyncStorageReads:
         self._pool.close()
 
 
-def _in_place(batch: ReadBatch, idx: np.ndarray, lengths: np.ndarray, ends: np.ndarray) -> memoryview | None:
+def _in_place(batch: ReadBatch, idx: np.ndarray, lengths: np.ndarray, ends: np.ndarray,
+              storage=None) -> memoryview | Scatter | None:
     """Where a request's payload can be received straight into the caller's memory, or None (received into
     the connection's buffer, then copied out): the one IO's destination, or, for several IOs, the span of one
     destination buffer in which each IO's bytes start exactly where its payload slot does (every IO but the
     last a multiple of IO_BUFFER_ALIGN long, back to back in request order: fixed-size samples of 1 or 64 KiB,
-    token records, ... read into one batch buffer). Saves a copy of every byte; the arrival checks are the
-    same (StorageClient.apply_packed with single=True)."""
+    token records, ... read into one batch buffer), or else, when every IO is at least SCATTER_IO_BYTES_MIN
+    long, each IO's own destination (StorageClient._scatter: random samples of 64 KiB). Saves a copy of every
+    byte; the arrival checks are the same (StorageClient.apply_packed with single=True)."""
     if len(idx) == 1:
         return batch.dest(int(idx[0]))
     ks = idx.tolist()
     dest_of, dest_off = batch.dest_of, batch.dest_off
     d = dest_of[ks[0]]
-    if any(dest_of[k] != d for k in ks):
-        return None
-    starts = ends - _aligned(lengths)
-    offs = np.fromiter((dest_off[k] for k in ks), np.int64, len(ks))
-    base = int(offs[0])
-    if not np.array_equal(offs - base, starts):
-        return None
-    return batch.dests[d][base:base + int(starts[-1] + lengths[-1])]
+    if all(dest_of[k] == d for k in ks):
+        starts = ends - _aligned(lengths)
+        offs = np.fromiter((dest_off[k] for k in ks), np.int64, len(ks))
+        base = int(offs[0])
+        if np.array_equal(offs - base, starts):
+            return batch.dests[d][base:base + int(starts[-1] + lengths[-1])]
+    if storage is not None and int(lengths.min()) >= SCATTER_IO_BYTES_MIN:
+        return storage._scatter(batch, idx, lengths)
+    return None

@@ -24,7 +24,7 @@ import msgspec
 
 from threefs.common import limits
 from threefs.common.status import StatusCode, status_error
-from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_RTS, MAGIC, PREFIX, PREFIX_BYTES, Header,
+from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_RTS, MAGIC, PREFIX, PREFIX_BYTES, Header, Scatter,
                                body_encoder, encode_frame_head)
 from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
 
@@ -141,11 +141,11 @@ class BlockingConnection:
             raise Broken(f"{method} to {self.addr}: {_why(e, self.timeout)}") from e
         return rid
 
-    def receive(self, expect: dict[int, memoryview | None]) -> tuple[Header, memoryview | None]:
+    def receive(self, expect: dict[int, memoryview | Scatter | None]) -> tuple[Header, memoryview | Scatter | None]:
         """The next response to one of the requests in `expect` ({request id: where its payload goes, or
         None}; requests may be answered in any order): its header and its payload, received into the
-        given buffer when that is large enough, else into a scratch buffer of this connection that stays
-        valid until its next receive."""
+        given buffer (or Scatter: part by part, each digested as it fills) when that is large enough, else
+        into a scratch buffer of this connection that stays valid until its next receive."""
         try:
             while True:
                 header, payload_len = self._read_frame()
@@ -160,6 +160,14 @@ class BlockingConnection:
                 if not payload_len:
                     return header, None
                 recv_into = expect[header.rid]
+                if type(recv_into) is Scatter and len(recv_into) >= payload_len:
+                    dest = recv_into.head(payload_len)
+                    digest = dest.digest
+                    for part in dest.parts:
+                        self._read_into(part)
+                        if digest is not None:
+                            dest.digests.append(digest(part))
+                    return header, dest
                 if recv_into is None or len(recv_into) < payload_len:
                     if len(self._scratch) < payload_len:
                         self._scratch = memoryview(bytearray(payload_len))
