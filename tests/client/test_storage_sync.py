@@ -15,16 +15,16 @@ from threefs.client.client import Client
 KiB = 1 << 10
 
 
-def _sparse_file(fs, d, rng):
-    """64 KiB chunks over 3 chains; 200 KiB of data, a 300 KiB hole, 50 KiB of data."""
-    fs.mkdir(f"{d}/dir", chunk_size=64 * KiB, stripe=3)
+def _sparse_file(fs, d, rng, chunk_size=64 * KiB, head=200 * KiB, hole=300 * KiB, tail=50 * KiB):
+    """Chunks of chunk_size (64 KiB) over 3 chains; head (200 KiB) of data, a hole (300 KiB), tail (50 KiB)."""
+    fs.mkdir(f"{d}/dir", chunk_size=chunk_size, stripe=3)
     path = f"{d}/dir/f"
-    head, tail = rng.randbytes(200 * KiB), rng.randbytes(50 * KiB)
+    head, tail = rng.randbytes(head), rng.randbytes(tail)
     with fs.open(path, "wb") as f:
         f.write(head)
-        f.seek(500 * KiB)
+        f.seek(len(head) + hole)
         f.write(tail)
-    return path, head + bytes(300 * KiB) + tail
+    return path, head + bytes(hole) + tail
 
 
 def _check_batches(fs, attr, data, rng, batches: int, n: int = 64) -> None:
@@ -224,14 +224,7 @@ def test_big_samples_are_received_into_their_own_buffers(cluster, d, rng):
     payload slots: received by the caller's thread straight into each sample's slice (a Scatter; the
     connection's scratch buffer is never used), holes included, the same bytes."""
     with Client.connect(str(cluster.client_config_path)) as fs:  # fresh connections: an unused scratch
-        fs.mkdir(f"{d}/dir", chunk_size=256 * KiB, stripe=3)
-        path = f"{d}/dir/f"
-        head, tail = rng.randbytes(1024 * KiB), rng.randbytes(1024 * KiB)
-        with fs.open(path, "wb") as f:
-            f.write(head)
-            f.seek(2048 * KiB)
-            f.write(tail)
-        data = head + bytes(1024 * KiB) + tail
+        path, data = _sparse_file(fs, d, rng, 256 * KiB, 1024 * KiB, 1024 * KiB, 1024 * KiB)
         attr = fs.stat(path)
         sync = fs._storage_sync
         for size in (64 * KiB, 40 * KiB + 1):

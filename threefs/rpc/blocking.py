@@ -162,11 +162,9 @@ class BlockingConnection:
                 recv_into = expect[header.rid]
                 if type(recv_into) is Scatter and len(recv_into) >= payload_len:
                     dest = recv_into.head(payload_len)
-                    digest = dest.digest
                     for part in dest.parts:
                         self._read_into(part)
-                        if digest is not None:
-                            dest.digests.append(digest(part))
+                        dest.filled(part)
                     return header, dest
                 if recv_into is None or len(recv_into) < payload_len:
                     if len(self._scratch) < payload_len:

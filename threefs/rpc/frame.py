@@ -94,6 +94,11 @@ class Scatter:
             left -= len(p)
         return Scatter(out, self.digest)
 
+    def filled(self, part: memoryview) -> None:
+        """`part` (the next of `parts`) is full: digest it now, while its bytes are in cache."""
+        if self.digest is not None:
+            self.digests.append(self.digest(part))
+
 
 # get_payload_buffer(header, payload_len) -> writable memoryview (or Scatter) of exactly payload_len bytes
 PayloadAllocator = Callable[[Header, int], "memoryview | Scatter"]
@@ -128,9 +133,7 @@ class FrameReader:
             self._direct_pos += nbytes
             if self._direct_pos == len(self._direct):
                 if self._parts is not None:  # a Scatter's part is full
-                    sc = self._payload
-                    if sc.digest is not None:
-                        sc.digests.append(sc.digest(self._direct))
+                    self._payload.filled(self._direct)
                 if self._parts:  # on to its next part
                     self._direct, self._direct_pos = self._parts.pop(), 0
                     return
@@ -215,8 +218,7 @@ class FrameReader:
                     part[pos:pos + n] = view[at:at + n]
                     pos, at = pos + n, at + n
                     if pos == len(part):
-                        if dest.digest is not None:
-                            dest.digests.append(dest.digest(part))
+                        dest.filled(part)
                         if parts:
                             part, pos = parts.pop(), 0
             else:
