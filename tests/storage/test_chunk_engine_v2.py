@@ -21,7 +21,8 @@ import pytest
 
 from threefs.common.status import StatusCode, ThreeFSError
 from threefs.storage.chunk_engine import ChunkEngine
-from threefs.storage.chunk_engine_v2 import BLOCK_MIN, ChunkEngineV2, block_size, class_for, pos_class
+from threefs.storage.chunk_engine_v2 import (BLOCK_MIN, CRC_COMBINE_BYTES_MIN, ChunkEngineV2, block_size,
+                                             class_for, pos_class)
 from threefs.storage.engines import open_chunk_engine, target_format
 from threefs.storage.target_check import check_target
 
@@ -108,6 +109,40 @@ def test_append_in_place_middle_write_overlay_and_copy_on_write(eng):
     eng.truncate(cid(1), update_ver=5, chain_ver=1, length=100, chunk_size=CHUNK * 2)
     eng.commit(cid(1), 5)
     assert committed(eng, cid(1)) == model[:100]
+    eng.close()
+    assert check_target(eng.path).ok
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["computed", "crc-given"])
+def test_a_write_given_its_data_crc_records_the_same_crc_on_every_write_path(eng, given):
+    """The storage service passes a write's checked payload crc32c to the engine (data_crc), which derives
+    the version's crc from it (as is at offset 0, combined after a prefix for big writes) instead of reading
+    the bytes again: on every write path the recorded crc must be that of the chunk's bytes."""
+    big = CRC_COMBINE_BYTES_MIN  # at least this long: combined, not recomputed
+    size = 4 * big
+    rng = random.Random(11)
+    model = bytearray()
+
+    def write(data: bytes, offset: int, full: bool = False):
+        meta = eng.get_meta(cid(1))
+        ver = (meta.commit_ver if meta else 0) + 1
+        dc = crc32c.crc32c(data) if given else None
+        eng.write(cid(1), update_ver=ver, chain_ver=1, offset=offset, data=data, chunk_size=size,
+                  full_replace=full, data_crc=dc)
+        if full:
+            del model[:]
+        model[len(model):] = bytes(max(0, offset + len(data) - len(model)))
+        model[offset:offset + len(data)] = data
+        meta = eng.commit(cid(1), ver)
+        assert meta.length == len(model) and meta.crc == crc32c.crc32c(model)
+        assert bytes(eng.read(cid(1), 0, size)[0]) == model
+
+    write(rng.randbytes(big), offset=100)                  # a new chunk after zeros (prefix combined)
+    write(rng.randbytes(big), offset=big + 100)             # an append in place, after a gap of zeros
+    write(rng.randbytes(big), offset=50)                    # lands inside and past the end: a copy
+    write(rng.randbytes(2 * big + 7), offset=0)             # from offset 0, covering it all: as given
+    write(rng.randbytes(100), offset=3)                     # small: read, not combined
+    write(rng.randbytes(big // 2), offset=0, full=True)     # a full replace
     eng.close()
     assert check_target(eng.path).ok
 

@@ -94,9 +94,9 @@ def view(meta) -> tuple | None:
             meta.pending_length, meta.pending_crc, meta.pending_remove, meta.last_request)
 
 
-def write(s, c, ver, data, offset=0, full=False, chain_ver=1, tag=b""):
+def write(s, c, ver, data, offset=0, full=False, chain_ver=1, tag=b"", data_crc=None):
     return s.write(c, update_ver=ver, chain_ver=chain_ver, offset=offset, data=data, chunk_size=CHUNK,
-                   full_replace=full, last_request=tag)
+                   full_replace=full, last_request=tag, data_crc=data_crc)
 
 
 def committed(s, c) -> bytes:
@@ -343,8 +343,10 @@ def test_both_stores_answer_a_random_history_alike(tmp_path, seed, engine_cls):
                 offset = rng.choice([0, rng.randrange(CHUNK)])
                 data = rng.randbytes(rng.randrange(0, (CHUNK - offset) // rng.choice([1, 16]) + 1))
                 full = offset == 0 and rng.random() < 0.3
+                # half of them with the data's crc32c given, as the storage service gives it
+                data_crc = crc32c.crc32c(data) if rng.random() < 0.5 else None
                 call = ("write", lambda s: write(s, c, ver, data, offset=offset, full=full,
-                                                 tag=f"t{step}".encode()))
+                                                 tag=f"t{step}".encode(), data_crc=data_crc))
             elif action < 0.4:
                 length = rng.randrange(CHUNK + 1)
                 call = ("truncate", lambda s: s.truncate(c, update_ver=ver, chain_ver=1, length=length,

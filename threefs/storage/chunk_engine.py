@@ -358,12 +358,13 @@ class ChunkEngine:
 
     def write(
         self, chunk_id: bytes, *, update_ver: int, chain_ver: int, offset: int, data, chunk_size: int,
-        full_replace: bool = False, last_request: bytes = b"",
+        full_replace: bool = False, last_request: bytes = b"", data_crc: int | None = None,
     ) -> ChunkMeta:
         """Write pending version `update_ver` = the committed contents (zeros if none) with `data` placed at
         `offset`; its length is max(committed length, offset+len(data)), or len(data) with full_replace
         (which requires offset 0). Replaces any pending version; the committed one stays intact.
-        A full disk discards the pending version and raises NO_SPACE."""
+        A full disk discards the pending version and raises NO_SPACE. `data_crc`, the crc32c of `data` when
+        the caller has it, is used by the v2 engine; this one computes the crc as it writes."""
         check_chunk_id(chunk_id)
         check_update(update_ver, chain_ver, last_request)
         view = as_byte_view(data)

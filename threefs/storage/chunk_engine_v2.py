@@ -90,6 +90,23 @@ _BLOCK_MASK = (1 << 40) - 1
 _MISSING = object()
 
 
+# Below this many bytes a crc32c of the data costs less than combining a known one in Python (crc_math.shift:
+# ~6.6 us here, against ~4.5 us for a crc32c of 64 KiB)
+CRC_COMBINE_BYTES_MIN = 256 * 1024
+
+
+def _crc_after(crc: int, prefix: int, view, data_crc: int | None) -> int:
+    """crc32c of (`prefix` bytes whose crc32c is `crc`) followed by `view`, whose own crc32c is `data_crc`
+    (or None: unknown). A known crc32c is used as it is after an empty prefix and combined (crc_math) after
+    a non-empty one when `view` is long enough for that to pay; otherwise `view` is read."""
+    if data_crc is not None:
+        if prefix == 0:
+            return data_crc
+        if len(view) >= CRC_COMBINE_BYTES_MIN:
+            return crc_math.shift(crc, len(view)) ^ data_crc
+    return crc32c.crc32c(view, value=crc)
+
+
 def block_size(cls: int) -> int:
     return BLOCK_MIN << cls
 
@@ -1259,7 +1276,10 @@ class ChunkEngineV2:
 
     @_chunk_op
     def write(self, chunk_id: bytes, *, update_ver: int, chain_ver: int, offset: int, data, chunk_size: int,
-              full_replace: bool = False, last_request: bytes = b"") -> ChunkMeta:
+              full_replace: bool = False, last_request: bytes = b"", data_crc: int | None = None) -> ChunkMeta:
+        """See ChunkEngine.write. `data_crc`: the crc32c of `data` when the caller has it (the storage
+        service checked the request's payload against it): the new version's crc is derived from it
+        instead of reading `data` again (a write's second crc32c pass, 71 us per MiB here)."""
         _check_chunk_id(chunk_id)
         _check_update(update_ver, chain_ver, last_request)
         view = _as_byte_view(data)
@@ -1273,7 +1293,7 @@ class ChunkEngineV2:
         if st is None or st.pos is None or full_replace or (offset == 0 and len(view) >= clen):
             length = len(view) if full_replace else max(clen, end)
             if st is not None and st.pos is not None and not full_replace and length > end:
-                return self._write_copy(chunk_id, st, offset, view, length, update_ver, chain_ver, tag)
+                return self._write_copy(chunk_id, st, offset, view, length, update_ver, chain_ver, tag, data_crc)
             pos = self._alloc(length)
             try:
                 if offset:
@@ -1282,13 +1302,13 @@ class ChunkEngineV2:
             except BaseException:
                 self._unalloc([pos])
                 raise
-            crc = crc32c.crc32c(view, value=_crc_zeros(offset))
+            crc = _crc_after(_crc_zeros(offset), offset, view, data_crc)
             return self._install(chunk_id, st, Pending(update_ver, chain_ver, length, crc, pos, None, False, tag),
                                  [pos])
         if st.ov is None and offset >= clen and end <= block_size(pos_class(st.pos)):
             self._pwrite_zeros(st.pos, clen, offset - clen)
             self._pwrite(st.pos, offset, [view])
-            crc = crc32c.crc32c(view, value=_crc_zeros(offset - clen, st.crc))
+            crc = _crc_after(_crc_zeros(offset - clen, st.crc), offset, view, data_crc)
             return self._install(chunk_id, st, Pending(update_ver, chain_ver, end, crc, st.pos, None, False, tag),
                                  [], (st.pos,))
         if st.ov is None and end <= clen and 0 < 2 * len(view) <= clen:
@@ -1307,7 +1327,7 @@ class ChunkEngineV2:
                 raise
             pending = Pending(update_ver, chain_ver, clen, crc, st.pos, (offset, len(view), ov_pos), False, tag)
             return self._install(chunk_id, st, pending, [ov_pos])
-        return self._write_copy(chunk_id, st, offset, view, max(clen, end), update_ver, chain_ver, tag)
+        return self._write_copy(chunk_id, st, offset, view, max(clen, end), update_ver, chain_ver, tag, data_crc)
 
     def _enter(self) -> int:
         with self._lock:
@@ -1318,7 +1338,7 @@ class ChunkEngineV2:
             self._reader.leave(epoch)
 
     def _write_copy(self, chunk_id: bytes, st: State, offset: int, view: memoryview, length: int,
-                    update_ver: int, chain_ver: int, tag: bytes) -> ChunkMeta:
+                    update_ver: int, chain_ver: int, tag: bytes, data_crc: int | None = None) -> ChunkMeta:
         """A new block = committed[0:offset] + view + committed[offset+len(view):length], zero-extended."""
         pos = self._alloc(length)
         try:
@@ -1327,7 +1347,7 @@ class ChunkEngineV2:
                 self._pwrite_zeros(pos, st.length, offset - st.length)
                 crc = _crc_zeros(offset - st.length, crc)
             self._pwrite(pos, offset, [view])
-            crc = crc32c.crc32c(view, value=crc)
+            crc = _crc_after(crc, offset, view, data_crc)
             end = offset + len(view)
             crc = self._copy_into(pos, st, end, min(length, st.length), crc)
             tail = max(end, min(length, st.length))

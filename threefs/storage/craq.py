@@ -58,6 +58,7 @@ class Write:  # -> pending ChunkMeta
     chunk_size: int
     full_replace: bool
     tag: bytes
+    crc: int | None = None  # crc32c of `data` when already checked against it (the request's), else None
 
 
 @dataclass
@@ -144,7 +145,7 @@ def apply_to_store(store, e):
     if isinstance(e, Write):
         return store.write(e.chunk_id, update_ver=e.update_ver, chain_ver=e.chain_ver, offset=e.offset,
                            data=e.data, chunk_size=e.chunk_size, full_replace=e.full_replace,
-                           last_request=e.tag)
+                           last_request=e.tag, data_crc=e.crc)
     if isinstance(e, Truncate):
         return store.truncate(e.chunk_id, update_ver=e.update_ver, chain_ver=e.chain_ver, length=e.length,
                               chunk_size=e.chunk_size, last_request=e.tag)
@@ -193,11 +194,12 @@ def tag_bytes(req: ss.UpdateReq) -> bytes:
     return b"" if req.tag is None else f"{req.tag.client_id}:{req.tag.request_id}".encode()
 
 
-def update_flow(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload) -> Flow:
-    """One update at one replica: version decision, pending write, forward, commit."""
+def update_flow(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload, payload_crc: int | None = None) -> Flow:
+    """One update at one replica: version decision, pending write, forward, commit. `payload_crc`: the
+    payload's crc32c, when the caller checked it (the store then need not compute it again)."""
     meta = yield GetMeta(req.chunk_id)
     if req.sync and req.from_target:
-        return response((yield from sync_apply_flow(req, payload, meta, chain.version)))
+        return response((yield from sync_apply_flow(req, payload, meta, chain.version, payload_crc)))
     if req.from_target == 0:
         plan = plan_at_head(meta)
         update_ver, full = plan.update_ver, plan.full_replace
@@ -206,7 +208,7 @@ def update_flow(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload) -> Flo
         if req.kind != ss.REMOVE:
             decision = decide_at_successor(meta, update_ver, full)
             if decision is Decision.COMMITTED and stale_incarnation(me, chain, req, meta):
-                return response((yield from sync_apply_flow(req, payload, meta, chain.version)))
+                return response((yield from sync_apply_flow(req, payload, meta, chain.version, payload_crc)))
             if decision is Decision.COMMITTED:
                 return response(meta)
             if decision is Decision.MISSING:
@@ -215,7 +217,7 @@ def update_flow(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, payload) -> Flo
                                    f"{req.chunk_id.hex()} (has {meta.commit_ver if meta else 0})")
     if not full and reads_base(meta, req):
         yield from check_base(me, req, meta)
-    pending = yield from apply_flow(me, req, payload, update_ver, full, chain.version, meta)
+    pending = yield from apply_flow(me, req, payload, update_ver, full, chain.version, meta, payload_crc)
     yield from forward_flow(me, chain, req, payload, update_ver, full, pending)
     committed = yield Commit(req.chunk_id, update_ver, chain.version)
     return response(committed)
@@ -283,8 +285,10 @@ def stale_incarnation(me: int, chain: ms.ChainInfo, req: ss.UpdateReq, meta) -> 
 
 
 def apply_flow(me: int, req: ss.UpdateReq, payload, update_ver: int, full: bool, chain_ver: int,
-               meta=None) -> Flow:
-    """Write the pending version; a head with `full` composes it on its newest version."""
+               meta=None, payload_crc: int | None = None) -> Flow:
+    """Write the pending version; a head with `full` composes it on its newest version. `payload_crc`: the
+    crc32c of `payload` when the caller checked it (passed to the store with the payload, not a composed
+    chunk)."""
     cid, tag = req.chunk_id, tag_bytes(req)
     if req.kind == ss.REMOVE:
         return (yield Remove(cid, update_ver, chain_ver, tag))
@@ -295,7 +299,7 @@ def apply_flow(me: int, req: ss.UpdateReq, payload, update_ver: int, full: bool,
         return (yield Write(cid, update_ver, chain_ver, 0, data, req.chunk_size, True, tag))
     if req.kind == ss.TRUNCATE:
         return (yield Truncate(cid, update_ver, chain_ver, req.length, req.chunk_size, tag))
-    return (yield Write(cid, update_ver, chain_ver, req.offset, payload, req.chunk_size, full, tag))
+    return (yield Write(cid, update_ver, chain_ver, req.offset, payload, req.chunk_size, full, tag, payload_crc))
 
 
 def compose(newest, req: ss.UpdateReq, payload) -> bytearray:
@@ -382,7 +386,7 @@ def check_successor(req: ss.UpdateReq, rsp: ss.UpdateRsp, pending, successor: in
                            f"{pending.pending_length} B")
 
 
-def sync_apply_flow(req: ss.UpdateReq, payload, meta, chain_ver: int) -> Flow:
+def sync_apply_flow(req: ss.UpdateReq, payload, meta, chain_ver: int, payload_crc: int | None = None) -> Flow:
     """Resync replaces the chunk and its versions with the predecessor's, whatever we had."""
     cid = req.chunk_id
     if meta is not None:
@@ -391,19 +395,22 @@ def sync_apply_flow(req: ss.UpdateReq, payload, meta, chain_ver: int) -> Flow:
         yield Commit(cid, ver, chain_ver)
     if req.kind == ss.REMOVE:
         return None
-    yield Write(cid, req.update_ver, chain_ver, 0, payload, req.chunk_size, True, b"")
+    yield Write(cid, req.update_ver, chain_ver, 0, payload, req.chunk_size, True, b"", payload_crc)
     return (yield Commit(cid, req.update_ver, chain_ver))
 
 
 # -- admission and exactly-once (used by the service and the simulator alike) -------------------
-def serve_update_flow(hosted: Container[int], req: ss.UpdateReq, payload, state: "ReplicaState") -> Flow:
+def serve_update_flow(hosted: Container[int], req: ss.UpdateReq, payload, state: "ReplicaState",
+                      payload_crc: int | None = None) -> Flow:
     """One update request at a storage service, from its arrival to its answer (the service's `update`
     and the simulator's `handle_update` both run this): a retry gets the cached answer (exactly-once);
     the request's chain version must be ours (our routing is refreshed first when the caller saw a newer
     one); the target of the chain `hosted` here must be writable (and the head for a client's update);
     then the chunk lock, and the same checks again under it (3FS: the chain may have changed while we
     waited); the update flow runs counted by the chain version it was admitted under (`FlowTracker`:
-    resync waits for older ones), and its answer is kept for retries. Errors propagate to the caller."""
+    resync waits for older ones), and its answer is kept for retries. Errors propagate to the caller.
+    `payload_crc`: the crc32c of `payload`, when the caller checked the payload against it (a write's
+    request crc, checked on arrival): the store uses it instead of computing it again."""
     cached = state.dedup.get(req)
     if cached is not None:
         return cached
@@ -418,7 +425,7 @@ def serve_update_flow(hosted: Container[int], req: ss.UpdateReq, payload, state:
     tracker = state.tracker(me)
     tracker.enter(chain.version)
     try:
-        rsp = yield from update_flow(me, chain, req, payload)
+        rsp = yield from update_flow(me, chain, req, payload, payload_crc)
     finally:
         tracker.exit(chain.version)
     state.dedup.put(req, rsp)

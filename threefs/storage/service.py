@@ -321,7 +321,9 @@ class StorageService:
             raise status_error(StatusCode.CHECKSUM_MISMATCH,
                                f"payload checksum mismatch for chunk {req.chunk_id.hex()} "
                                f"(corrupted in transit); retry")
-        return await self.run_flow(craq.serve_update_flow(self.engines, req, payload, self.replica))
+        # the payload's crc32c, checked just now, goes to the engine with it (not computed a second time)
+        return await self.run_flow(craq.serve_update_flow(self.engines, req, payload, self.replica,
+                                                          req.crc if req.kind == ss.WRITE else None))
 
     async def run_flow(self, flow):
         """Drive a CRAQ flow (storage/craq.py) with this service's effects; the chunk lock it takes is

@@ -149,10 +149,12 @@ class SimStore:
 
     # -- pending versions --------------------------------------------------------------------------
     def write(self, cid: bytes, *, update_ver: int, chain_ver: int, offset: int, data, chunk_size: int,
-              full_replace: bool = False, last_request: bytes = b"") -> SimMeta:
+              full_replace: bool = False, last_request: bytes = b"", data_crc: int | None = None) -> SimMeta:
         _check_chunk_id(cid)
         _check_update(update_ver, chain_ver, last_request)
         data = bytes(data)
+        # a flow that passes a crc32c must pass its data's own (the engines build the version's crc on it)
+        assert data_crc is None or data_crc == crc32c.crc32c(data), "a write's data_crc is not its data's"
         if offset < 0 or (full_replace and offset != 0):
             raise status_error(StatusCode.INVALID_ARGUMENT, f"bad write offset {offset} (full_replace={full_replace})")
         _check_extent(offset + len(data), chunk_size)

@@ -17,6 +17,8 @@ import heapq
 import random
 from dataclasses import dataclass, field
 
+import crc32c
+
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.mgmtd.chain_state import admin_offline_effective, next_chain, sync_done_refusal
 from threefs.rpc.schemas import mgmtd as ms
@@ -189,7 +191,9 @@ class Cluster:
     # -- the storage service -------------------------------------------------------------------------
     def handle_update(self, node: Node, req: ss.UpdateReq, payload, respond) -> None:
         """The storage service's update(): craq.serve_update_flow, as StorageService.update runs it."""
-        self.spawn(node, craq.serve_update_flow((node.target_id,), req, payload, node.replica), respond)
+        # as the service does: a write's payload crc32c, checked on arrival, goes down the flow with it
+        crc = crc32c.crc32c(payload) if req.kind == ss.WRITE else None
+        self.spawn(node, craq.serve_update_flow((node.target_id,), req, payload, node.replica, crc), respond)
 
     def serve_read(self, node: Node, cid: bytes) -> tuple[int, bytes] | None:
         """The storage service's read of a whole chunk (batch_read's checks, craq.read_check, on the
