@@ -76,6 +76,32 @@ def test_read_ahead_sequential_small_reads_and_jumps(fs, d, rng):
         assert f.read(5) == b""
 
 
+def test_jumps_are_read_from_the_callers_thread_and_a_stream_from_there_prefetches(fs, d, rng):
+    """A read that does not continue the last one (random access) is read from the caller's thread, no trip
+    to the loop; reading on from where it ended starts a prefetching stream as before. A read after our own
+    buffered writes still goes through the engine (it flushes them first)."""
+    data = rng.randbytes(6 * CS)
+    fs.write_bytes(f"{d}/f", data)
+    with fs.open(f"{d}/f", "rb", read_ahead_bytes=4 * CS) as f:
+        for _ in range(20):
+            off = rng.randrange(1, len(data))
+            f.seek(off)
+            assert f.read(5000) == data[off:off + 5000]
+        assert not f._hopped  # every read so far came from this thread
+        f.seek(CS + 7)
+        assert f.read(100) == data[CS + 7:CS + 107]  # a jump
+        got = b"".join(f.read(64 * 1024) for _ in range(8))  # then on from there
+        assert got == data[CS + 107:CS + 107 + 8 * 64 * 1024]
+        assert f._hopped and (f._held or f._reader.active)  # a stream, prefetching
+    with fs.open(f"{d}/g", "w+b") as f:
+        f.write(b"x" * 1000)
+        f.seek(10)
+        assert f.read(20) == b"x" * 20  # the buffered write is flushed first, then read
+    with fs.open(f"{d}/f", "rb", buffering=0) as f:  # unbuffered: every read from this thread
+        f.seek(3 * CS - 10)
+        assert f.read(30) == data[3 * CS - 10:3 * CS + 20]
+
+
 def test_readinto_large_goes_straight_to_caller_memory(fs, d, rng):
     data = rng.randbytes(4 * CS)
     fs.write_bytes(f"{d}/f", data)

@@ -108,14 +108,22 @@ def test_dead_service_ios_fail_over_on_the_loop_path(private_cluster, rng):
         # this path keeps choosing them and must hand their IOs over
         for pid in mgmtds:
             os.kill(pid, signal.SIGSTOP)
+        taken = _taken(sync)
         try:
             cluster.kill("storage-2")
             _check_batches(fs, attr, data, rng, batches=6)
+            for _ in range(30):  # single small reads (read_one), taking turns over the services too
+                off = rng.randrange(len(data) - 4096)
+                buf = bytearray(4096)
+                assert fs.batch_read([(attr, off, buf)]) == [4096]
+                assert bytes(buf) == data[off:off + 4096]
         finally:
             for pid in mgmtds:
                 os.kill(pid, signal.SIGCONT)
         # a 64-IO batch goes to one service, the next batch to the next: some went to the dead one
         assert sync.handed_over > handed
+        # and some single reads went to the dead service (then read the general way), some not
+        assert None in taken and any(taken)
 
 
 def _every_chain_file(fs, d, rng):
@@ -240,3 +248,45 @@ def test_big_samples_are_received_into_their_own_buffers(cluster, d, rng):
         assert sync.batches >= 8 and sync.handed_over == 0
         scratch = [len(conn._scratch) for conns in sync._pool._idle.values() for conn in conns]
         assert scratch and sum(scratch) == 0  # every payload went straight into the samples' buffers
+
+
+def _taken(sync) -> list:
+    """Record what each SyncStorageReads.read_one call returned (None: not taken)."""
+    out, original = [], sync.read_one
+
+    def read_one(*args):
+        out.append(original(*args))
+        return out[-1]
+
+    sync.read_one = read_one
+    return out
+
+
+def test_one_small_read_takes_the_scalar_path_and_reads_the_same_bytes(fs, d, rng):
+    """A batch of one small read that lies in one chunk (and a file object's jump) is read by read_one:
+    the bytes, holes and the end of the file as the batch path reads them; a read across chunks, a big one
+    and one past the end are not taken and read the general way."""
+    path, data = _sparse_file(fs, d, rng)  # 64 KiB chunks; data, a hole, data
+    attr = fs.stat(path)
+    taken = _taken(fs._storage_sync)
+    cases = [(0, 100), (5, 4096), (64 * KiB - 10, 10), (250 * KiB, 4096),  # data; the hole
+             (len(data) - 7, 100), (len(data) - 4096, 4096)]  # clamped at the end of the file
+    cases += [(rng.randrange(len(data)), rng.choice([1, 512, 4096, 9000])) for _ in range(200)]
+    for off, length in cases:
+        buf = bytearray(b"\xab" * length)
+        want = data[off:off + length]
+        assert fs.batch_read([(attr, off, buf)]) == [len(want)]
+        assert bytes(buf[:len(want)]) == want and buf[len(want):] == b"\xab" * (length - len(want))
+        assert taken[-1] == len(want) or (off // (64 * KiB) != (off + len(want) - 1) // (64 * KiB)), (off, length)
+    del taken[:]
+    for off, length in [(64 * KiB - 10, 20), (0, 200 * KiB)]:  # across a chunk boundary; >= SOLO_IO_BYTES_MIN
+        buf = bytearray(length)
+        assert fs.batch_read([(attr, off, buf)]) == [length] and bytes(buf) == data[off:off + length]
+    assert fs.batch_read([(attr, len(data) + 5, bytearray(10))]) == [0]  # past the end: nothing to read
+    assert taken == [None, None, None]
+    with fs.open(path, "rb") as f:  # a file object's jumps
+        for off in (300_000, 12_345, 100):
+            f.seek(off)
+            assert f.read(1000) == data[off:off + 1000]
+        assert taken[-3:] == [1000, 1000, 1000]
+

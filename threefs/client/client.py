@@ -480,8 +480,22 @@ class Client:
         routing = aio.mgmtd.routing
         if routing is None or self._loop is None or len(requests) > limits.BATCH_IOS_MAX:
             return self.run(aio.batch_read(requests, check_arrival=check_arrival))
+        sync = self._storage_sync
+        if len(requests) == 1 and sync is not None and threading.get_ident() != self._loop._thread.ident:
+            got = sync.read_one(*requests[0])  # one small read: scalar, no batch arrays (None: not taken)
+            if got is not None:
+                return [got]
         built = aio.build_read_batch(routing, requests)
         return self._read_built(built[0], check_arrival, lambda: read_results(*built))
+
+    def _read_at(self, attr: m.InodeAttr, offset: int, view: memoryview) -> int:
+        """Read up to len(view) bytes of the file at offset (clamped to attr's length) into view, from the
+        caller's thread where it can (as batch_read does); returns the bytes read, or raises the read's
+        error. For file objects' reads that the streaming engine would not prefetch for (a jump)."""
+        r = self._read_requests([(attr, offset, view)])[0]
+        if isinstance(r, BaseException):
+            raise r
+        return r
 
     def _read_built(self, rb, check_arrival: bool, results):
         """Read a built ReadBatch: from the caller's thread where it can (client/storage_sync.py), the rest

@@ -42,6 +42,9 @@ from threefs.rpc.client import as_bytes_view
 from threefs.rpc.schemas import meta as m
 
 READ_AHEAD_BYTES_DEFAULT = 16 * limits.MiB
+# A read that does not continue the previous one (a jump: random access) and is at most this long is read from
+# the caller's thread (Client._read_at: the blocking storage path batch_read takes), not on the loop
+JUMP_READ_BYTES_MAX = 4 * limits.MiB
 WRITE_BEHIND_BYTES_DEFAULT = 64 * limits.MiB
 PEEK_BYTES_MAX = 8 * limits.KiB
 FREE_BUFFERS_MAX = 8  # read segment buffers kept per file for reuse (fresh pages cost a fault per 4 KiB)
@@ -192,7 +195,10 @@ class RawFile(_Handle, io.RawIOBase):
     @_serialised
     def readinto(self, b) -> int:
         self._check_readable()
-        n = self._client.run(self._client.aio.read_into(self._attr_now(), self._pos, b))
+        dest = as_bytes_view(b)
+        n = max(0, min(len(dest), self._length() - self._pos))
+        if n:
+            n = self._client._read_at(self._attr_now(), self._pos, dest[:n])  # from this thread where it can
         self._pos += n
         return n
 
@@ -260,6 +266,8 @@ class File(_Handle, io.BufferedIOBase):
         self._advancing: concurrent.futures.Future | None = None  # the last advance sent to the loop
         self._to_release: list[Held] = []  # held segments to give back at the next hop
         self._stale = False  # written since the last read: what was prefetched is dropped first
+        self._last_end = 0  # where the last read ended: a read starting elsewhere is a jump
+        self._jump_end: int | None = None  # a jump read from this thread ended here: the engine's stream restarts there
         self._hopped = False  # [meta] the engine ran on the loop for this file (else close needs no hop)
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -441,13 +449,30 @@ class File(_Handle, io.BufferedIOBase):
             dest[done:done + take] = h.view[start:start + take]
             self._pos += take
             done += take
-        if done < n:
+        if done < n and self._jump_here(n - done):
+            got = self._client._read_at(self._attr_now(), self._pos, dest[done:n])
+            self._pos += got
+            done += got
+            self._jump_end = self._pos
+        elif done < n:
             self._let_go_of_held()
             got, held = self._hop(self._read_step(self._attr_now(), self._pos, dest[done:n]), "a read")
             self._held.extend(held)
             self._pos += got
             done += got
+        self._last_end = self._pos
         return done
+
+    def _jump_here(self, size: int) -> bool:
+        """Whether the read of `size` bytes at the position is a jump to read from this thread: it does not
+        start where the last read ended (the engine would not prefetch for it: random access, a footer),
+        nothing lent or to give back is pending with the engine, and no write of ours is buffered (reads see
+        them: the engine's path flushes first). A read from here takes no trip to the loop thread (about
+        half the CPU of a small read). The engine learns where it ended at its next read (_before_read), so
+        a reader going on sequentially from there starts a prefetching stream as before."""
+        return (self._pos != self._last_end and size <= JUMP_READ_BYTES_MAX and not self._held
+                and not self._incoming and self._advancing is None and not self._to_release and not self._stale
+                and (self._writer is None or not self._writer.dirty))
 
     def _wait_for(self, h: Held) -> None:
         """A lent segment may still be being read: wait (IO_WAIT_S at most); its error is the read's."""
@@ -463,6 +488,9 @@ class File(_Handle, io.BufferedIOBase):
 
     async def _before_read(self) -> None:
         self._settle()
+        if self._jump_end is not None:  # the last read was served from the caller's thread
+            self._reader.restart_at(self._jump_end)
+            self._jump_end = None
         if self._writer is not None and self._writer.dirty:  # reads see our own buffered writes
             await self._writer.flush()
 

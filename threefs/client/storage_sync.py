@@ -22,13 +22,16 @@ from the start. Big IOs here are requests of their own, received straight into t
 from __future__ import annotations
 
 import os
+import struct
 import threading
 
+import crc32c
 import numpy as np
 
 from threefs.cluster.storage_client import (SCATTER_IO_BYTES_MIN, SOLO_IO_BYTES_MIN, ReadBatch, _aligned,
                                             _arrived_crcs, fail_ios, take_retries, zero_dests)
 from threefs.common import limits
+from threefs.common.ids import chunk_id
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.blocking import BlockingPool, Broken
 from threefs.rpc.client import _decoder
@@ -58,6 +61,8 @@ SYNC_BATCH_BYTES_MAX = 16 * limits.MiB
 # those IOs starts at a chunk's start (it may be the whole chunk, which the loop's path may have sent
 # zero-copy or read with O_DIRECT); bigger batches stream on the loop (many requests in flight per service)
 SYNC_SOLO_BYTES_MAX = 8 * limits.MiB
+_IO = struct.Struct(ss.READ_IO_FORMAT)
+_RESULT = struct.Struct(ss.READ_RESULT_FORMAT)
 
 
 class SyncStorageReads:
@@ -143,6 +148,82 @@ class SyncStorageReads:
             if turn is not None:
                 self._turns.turn = turn + 1
         return retry
+
+    def read_one(self, attr, offset: int, dest: memoryview) -> int | None:
+        """One small read that lies in one chunk (a file object's random read, a batch_read of one item),
+        from this thread in scalar Python: the same request, replica choice and arrival checks as `read`,
+        without the arrays a batch is planned and checked with (~10 numpy calls of 1-5 us per step).
+        Returns the bytes read (clamped to attr's length; a hole reads as zeros), or None: not taken, or
+        anything but a clean answer (an error status, a broken connection, bytes damaged on the way);
+        the caller then reads it the general way, which retries elsewhere and reports errors. Nothing of
+        dest beyond the bytes read is written, except zeros for a hole."""
+        n = min(len(dest), attr.length - offset)
+        layout = attr.layout
+        if n <= 0 or n >= SOLO_IO_BYTES_MIN or layout is None or offset < 0:
+            return None
+        cs = layout.chunk_size
+        index, within = divmod(offset, cs)
+        if within + n > cs or not self._pool.usable():
+            return None
+        aio = self._aio
+        routing = aio.mgmtd.routing
+        if routing is None:
+            return None
+        storage = aio.storage
+        try:
+            chains = aio._chains_of(routing, layout)
+            cid = chunk_id(attr.inode, index)
+        except ThreeFSError:
+            return None
+        chain = int(chains[index % len(chains)])
+        found = storage._replicas(routing, chain)
+        if isinstance(found, ThreeFSError) or not found:
+            return None
+        turn = getattr(self._turns, "turn", None) if self.sticky else None  # as read() and _plan_small choose
+        if turn is None:
+            turn = next(storage._rr) + _spread[0]
+            if self.sticky:
+                self._turns.turn = turn
+        target, addr = found[turn % len(found)]
+        try:
+            conn = self._pool.take(addr)
+        except ThreeFSError:  # refused at hello (too many connections, a token)
+            return None
+        if conn is None or isinstance(conn, Broken):
+            return None
+        self.batches += 1
+        view = dest[:n]
+        ok = False
+        try:
+            body = body_encoder.encode(ss.PackedReadReq(_IO.pack(chain, target, cid, within, n)))
+            rid = conn.send(KIND_REQUEST, "storage.read_packed", body, self._timeout)
+            header, payload = conn.receive({rid: view})
+            ok = True
+        except (Broken, ThreeFSError):
+            return None
+        finally:
+            if ok:
+                self._pool.give_back(addr, conn)
+            else:
+                self._pool.discard(addr, conn)
+        if header.status:
+            return None
+        try:
+            rsp = _decoder(ss.PackedReadRsp).decode(header.body)
+            status, got, _, _, data_crc = _RESULT.unpack(rsp.results)
+        except Exception:  # msgspec's DecodeError / ValidationError, struct.error: a malformed answer
+            return None
+        if status or got > n or (got and (payload is None or len(payload) != got)):
+            return None
+        if got:
+            if payload.obj is not view.obj:  # not received in place (never, for an answer of this size)
+                return None
+            if crc32c.crc32c(view[:got]) != data_crc:  # damaged on the way: the general path reads it elsewhere
+                storage.damaged_reads += 1
+                return None
+        if got < n:  # a hole or past the chunk's end: zeros
+            view[got:] = bytes(n - got)
+        return n
 
     def _send(self, conn, requests: list[np.ndarray], batch: ReadBatch) -> tuple[dict, Broken | None]:
         """Send the requests on one connection: ({request id: (IO indices, lengths, slot ends)}, None), or

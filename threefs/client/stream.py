@@ -184,6 +184,14 @@ class ReadAhead:
         self._stream_end = end
         return False
 
+    def restart_at(self, end: int) -> None:
+        """A read served without this engine (the caller's own) ended at `end`: the stream starts over there,
+        as after a read that did not continue it (_continues), so a read from `end` on continues it."""
+        if self._segments:
+            self.drop()
+        self._window = 0
+        self._stream_end = end
+
     def _covers(self, offset: int, end: int) -> bool:
         return all(i in self._segments for i in range(offset // self._seg, (end - 1) // self._seg + 1))
 
