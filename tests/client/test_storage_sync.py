@@ -108,15 +108,20 @@ def test_dead_service_ios_fail_over_on_the_loop_path(private_cluster, rng):
         # this path keeps choosing them and must hand their IOs over
         for pid in mgmtds:
             os.kill(pid, signal.SIGSTOP)
-        taken = _taken(sync)
+        taken, items = _taken(sync), _items_taken(fs.aio.storage)
         try:
             cluster.kill("storage-2")
             _check_batches(fs, attr, data, rng, batches=6)
-            for _ in range(30):  # single small reads (read_one), taking turns over the services too
-                off = rng.randrange(len(data) - 4096)
-                buf = bytearray(4096)
-                assert fs.batch_read([(attr, off, buf)]) == [4096]
-                assert bytes(buf) == data[off:off + 4096]
+            # single small reads (read_one), taking turns over the services too; then the same on the loop's
+            # path (_read_one_item). Apart: both draw turns from one counter, and a read that fails draws
+            # more for its retries, so interleaved they could keep missing the dead service
+            for read in (lambda off, buf: fs.batch_read([(attr, off, buf)])[0],
+                         lambda off, buf: fs.run(fs.aio.read_into(attr, off, buf))):
+                for _ in range(6):  # (a turn comes round every 3 reads; mgmtd stays frozen only seconds)
+                    off = rng.randrange(len(data) - 4096)
+                    buf = bytearray(4096)
+                    assert read(off, buf) == 4096
+                    assert bytes(buf) == data[off:off + 4096]
         finally:
             for pid in mgmtds:
                 os.kill(pid, signal.SIGCONT)
@@ -124,6 +129,7 @@ def test_dead_service_ios_fail_over_on_the_loop_path(private_cluster, rng):
         assert sync.handed_over > handed
         # and some single reads went to the dead service (then read the general way), some not
         assert None in taken and any(taken)
+        assert False in items and True in items
 
 
 def _every_chain_file(fs, d, rng):
@@ -262,22 +268,41 @@ def _taken(sync) -> list:
     return out
 
 
+def _items_taken(storage) -> list:
+    """Record whether each StorageClient._read_one_item call read its item (False: read in a batch)."""
+    out, original = [], storage._read_one_item
+
+    async def read_one_item(it):
+        done, failed = await original(it)
+        out.append(done)
+        return done, failed
+
+    storage._read_one_item = read_one_item
+    return out
+
+
 def test_one_small_read_takes_the_scalar_path_and_reads_the_same_bytes(fs, d, rng):
-    """A batch of one small read that lies in one chunk (and a file object's jump) is read by read_one:
-    the bytes, holes and the end of the file as the batch path reads them; a read across chunks, a big one
-    and one past the end are not taken and read the general way."""
+    """A batch of one small read that lies in one chunk (and a file object's jump) is read by read_one, and
+    an async read of one small chunk IO (a FUSE request on its own) by _read_one_item: the bytes, holes and
+    the end of the file as the batch path reads them; a read across chunks, a big one and one past the end
+    are not taken and read the general way."""
     path, data = _sparse_file(fs, d, rng)  # 64 KiB chunks; data, a hole, data
     attr = fs.stat(path)
-    taken = _taken(fs._storage_sync)
+    taken, items = _taken(fs._storage_sync), _items_taken(fs.aio.storage)
     cases = [(0, 100), (5, 4096), (64 * KiB - 10, 10), (250 * KiB, 4096),  # data; the hole
              (len(data) - 7, 100), (len(data) - 4096, 4096)]  # clamped at the end of the file
     cases += [(rng.randrange(len(data)), rng.choice([1, 512, 4096, 9000])) for _ in range(200)]
     for off, length in cases:
-        buf = bytearray(b"\xab" * length)
         want = data[off:off + length]
+        one_chunk = off // (64 * KiB) == (off + len(want) - 1) // (64 * KiB)
+        buf = bytearray(b"\xab" * length)
         assert fs.batch_read([(attr, off, buf)]) == [len(want)]
         assert bytes(buf[:len(want)]) == want and buf[len(want):] == b"\xab" * (length - len(want))
-        assert taken[-1] == len(want) or (off // (64 * KiB) != (off + len(want) - 1) // (64 * KiB)), (off, length)
+        assert taken[-1] == len(want) or not one_chunk, (off, length)
+        buf = bytearray(b"\xab" * length)  # the async API: the loop's path
+        assert fs.run(fs.aio.read_into(attr, off, buf)) == len(want)
+        assert bytes(buf[:len(want)]) == want and buf[len(want):] == b"\xab" * (length - len(want))
+        assert items[-1] is True or not one_chunk, (off, length)
     del taken[:]
     for off, length in [(64 * KiB - 10, 20), (0, 200 * KiB)]:  # across a chunk boundary; >= SOLO_IO_BYTES_MIN
         buf = bytearray(length)

@@ -480,12 +480,15 @@ class Client:
         routing = aio.mgmtd.routing
         if routing is None or self._loop is None or len(requests) > limits.BATCH_IOS_MAX:
             return self.run(aio.batch_read(requests, check_arrival=check_arrival))
-        sync = self._storage_sync
+        sync, failed = self._storage_sync, None
         if len(requests) == 1 and sync is not None and threading.get_ident() != self._loop._thread.ident:
             got = sync.read_one(*requests[0])  # one small read: scalar, no batch arrays (None: not taken)
             if got is not None:
                 return [got]
+            failed = sync.take_failed()
         built = aio.build_read_batch(routing, requests)
+        if failed is not None:  # the replica read_one just failed on is tried last
+            built[0].avoid.update((k, {failed}) for k in range(len(built[0].ios)))
         return self._read_built(built[0], check_arrival, lambda: read_results(*built))
 
     def _read_at(self, attr: m.InodeAttr, offset: int, view: memoryview) -> int:

@@ -22,10 +22,8 @@ from the start. Big IOs here are requests of their own, received straight into t
 from __future__ import annotations
 
 import os
-import struct
 import threading
 
-import crc32c
 import numpy as np
 
 from threefs.cluster.storage_client import (SCATTER_IO_BYTES_MIN, SOLO_IO_BYTES_MIN, ReadBatch, _aligned,
@@ -61,8 +59,6 @@ SYNC_BATCH_BYTES_MAX = 16 * limits.MiB
 # those IOs starts at a chunk's start (it may be the whole chunk, which the loop's path may have sent
 # zero-copy or read with O_DIRECT); bigger batches stream on the loop (many requests in flight per service)
 SYNC_SOLO_BYTES_MAX = 8 * limits.MiB
-_IO = struct.Struct(ss.READ_IO_FORMAT)
-_RESULT = struct.Struct(ss.READ_RESULT_FORMAT)
 
 
 class SyncStorageReads:
@@ -155,8 +151,10 @@ class SyncStorageReads:
         without the arrays a batch is planned and checked with (~10 numpy calls of 1-5 us per step).
         Returns the bytes read (clamped to attr's length; a hole reads as zeros), or None: not taken, or
         anything but a clean answer (an error status, a broken connection, bytes damaged on the way);
-        the caller then reads it the general way, which retries elsewhere and reports errors. Nothing of
-        dest beyond the bytes read is written, except zeros for a hole."""
+        the caller then reads it the general way, which retries elsewhere and reports errors, trying the
+        replica that failed here last (take_failed). Nothing of dest beyond the bytes read is written,
+        except zeros for a hole."""
+        self._turns.failed = None
         n = min(len(dest), attr.length - offset)
         layout = attr.layout
         if n <= 0 or n >= SOLO_IO_BYTES_MIN or layout is None or offset < 0:
@@ -175,55 +173,53 @@ class SyncStorageReads:
             cid = chunk_id(attr.inode, index)
         except ThreeFSError:
             return None
-        chain = int(chains[index % len(chains)])
-        found = storage._replicas(routing, chain)
-        if isinstance(found, ThreeFSError) or not found:
-            return None
         turn = getattr(self._turns, "turn", None) if self.sticky else None  # as read() and _plan_small choose
         if turn is None:
             turn = next(storage._rr) + _spread[0]
             if self.sticky:
                 self._turns.turn = turn
-        target, addr = found[turn % len(found)]
+        planned = storage.one_read_request(routing, int(chains[index % len(chains)]), cid, within, n, turn)
+        if planned is None:
+            return None
+        addr, target, record = planned
         try:
             conn = self._pool.take(addr)
         except ThreeFSError:  # refused at hello (too many connections, a token)
             return None
-        if conn is None or isinstance(conn, Broken):
+        if conn is None:  # every connection to it busy
+            return None
+        if isinstance(conn, Broken):  # cannot connect
+            self._turns.failed = target
             return None
         self.batches += 1
         view = dest[:n]
         ok = False
         try:
-            body = body_encoder.encode(ss.PackedReadReq(_IO.pack(chain, target, cid, within, n)))
+            body = body_encoder.encode(ss.PackedReadReq(record))
             rid = conn.send(KIND_REQUEST, "storage.read_packed", body, self._timeout)
             header, payload = conn.receive({rid: view})
             ok = True
         except (Broken, ThreeFSError):
+            self._turns.failed = target
             return None
         finally:
             if ok:
                 self._pool.give_back(addr, conn)
             else:
                 self._pool.discard(addr, conn)
-        if header.status:
-            return None
         try:
-            rsp = _decoder(ss.PackedReadRsp).decode(header.body)
-            status, got, _, _, data_crc = _RESULT.unpack(rsp.results)
-        except Exception:  # msgspec's DecodeError / ValidationError, struct.error: a malformed answer
+            rsp = None if header.status else _decoder(ss.PackedReadRsp).decode(header.body)
+        except Exception:  # msgspec's DecodeError / ValidationError: a malformed answer
+            rsp = None
+        if rsp is None or storage.one_read_answer(rsp, payload, view) is None:
+            self._turns.failed = target
             return None
-        if status or got > n or (got and (payload is None or len(payload) != got)):
-            return None
-        if got:
-            if payload.obj is not view.obj:  # not received in place (never, for an answer of this size)
-                return None
-            if crc32c.crc32c(view[:got]) != data_crc:  # damaged on the way: the general path reads it elsewhere
-                storage.damaged_reads += 1
-                return None
-        if got < n:  # a hole or past the chunk's end: zeros
-            view[got:] = bytes(n - got)
         return n
+
+    def take_failed(self) -> int | None:
+        """The target this thread's last read_one asked and got no clean answer from (None: none)."""
+        failed, self._turns.failed = getattr(self._turns, "failed", None), None
+        return failed
 
     def _send(self, conn, requests: list[np.ndarray], batch: ReadBatch) -> tuple[dict, Broken | None]:
         """Send the requests on one connection: ({request id: (IO indices, lengths, slot ends)}, None), or

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import os
 import logging
+import struct
 from dataclasses import dataclass, field
 
 import crc32c
@@ -47,6 +48,8 @@ IO_DTYPE = np.dtype([("chain", "<u4"), ("target", "<u4"), ("chunk", CHUNK_DTYPE)
 RESULT_DTYPE = np.dtype([("status", "<u4"), ("length", "<u4"), ("commit_ver", "<u8"), ("chunk_crc", "<u4"),
                          ("data_crc", "<u4")])
 assert IO_DTYPE.itemsize == ss.READ_IO_BYTES and RESULT_DTYPE.itemsize == ss.READ_RESULT_BYTES
+_IO_RECORD = struct.Struct(ss.READ_IO_FORMAT)  # one IO record / one result record, for a read of one IO
+_RESULT_RECORD = struct.Struct(ss.READ_RESULT_FORMAT)
 
 
 def _aligned(lengths: np.ndarray) -> np.ndarray:
@@ -229,7 +232,14 @@ class StorageClient:
     # -- reads -----------------------------------------------------------------------------------
     async def read(self, items: list[ReadItem], *, allow_uncommitted: bool = False) -> None:
         """Fill every item's dest; per-item errors are stored in item.error (never raised)."""
+        failed = None
+        if len(items) == 1 and not allow_uncommitted:
+            done, failed = await self._read_one_item(items[0])
+            if done:
+                return
         batch = ReadBatch.of_items(items)
+        if failed is not None:  # the replica that just failed it is tried last
+            batch.avoid[0] = {failed}
         await self.read_batch(batch, allow_uncommitted=allow_uncommitted)
         for k, it in enumerate(items):
             err = batch.errors.get(k)
@@ -237,6 +247,63 @@ class StorageClient:
                 it.error = err
             else:
                 it.result = int(batch.got[k])
+
+    # -- one small read, in scalar Python ---------------------------------------------------------------
+    # A read of one small IO (a FUSE request on its own, a file object's jump, a batch_read of one item)
+    # costs more in the batch path's arrays (~40 numpy calls of 1-5 us each here) than in its RPC. These
+    # plan, pack and check it with struct instead, with the same choices and checks; anything but a clean
+    # answer is left to the batch path, which retries elsewhere and reports errors.
+    def one_read_request(self, routing: Routing, chain_id: int, chunk_id: bytes, offset: int, n: int,
+                         turn: int) -> tuple[str, int, bytes] | None:
+        """(service address, target, the IO record) of a read of n bytes (0 < n < SOLO_IO_BYTES_MIN) at
+        offset of a chunk, from the replica the turn picks (as _plan_small picks for a small IO), or None."""
+        found = self._replicas(routing, chain_id)
+        if isinstance(found, ThreeFSError) or not found or not 0 < n < SOLO_IO_BYTES_MIN:
+            return None
+        target, addr = found[turn % len(found)]
+        return addr, target, _IO_RECORD.pack(chain_id, target, chunk_id, offset, n)
+
+    def one_read_answer(self, rsp: ss.PackedReadRsp, payload, view: memoryview) -> int | None:
+        """The bytes storage sent for a one-IO read_packed whose payload was to be received into `view` (the
+        IO's destination, exactly its length): checked against the crc32c storage sent (whatever
+        check_arrival says), the rest of view zeroed (a hole, or past the chunk's end). None: not a clean
+        answer (an error status, a malformed answer, bytes not received in place, or damaged on the way)."""
+        try:
+            status, got, _, _, data_crc = _RESULT_RECORD.unpack(rsp.results)
+        except struct.error:
+            return None
+        n = len(view)
+        if status or got > n or (got and (payload is None or len(payload) != got or payload.obj is not view.obj)):
+            return None
+        if got and crc32c.crc32c(view[:got]) != data_crc:  # damaged between the server and here
+            self.damaged_reads += 1
+            return None
+        if got < n:
+            view[got:] = bytes(n - got)
+        return got
+
+    async def _read_one_item(self, it: ReadItem) -> tuple[bool, int | None]:
+        """One small item read by one_read_request / one_read_answer: (done, None), or (False, the target
+        whose answer was not clean, or None if none was asked): then read it in a batch, that target last."""
+        if it.avoid or not 0 < it.length < SOLO_IO_BYTES_MIN:
+            return False, None
+        routing = await self.mgmtd.get()
+        planned = self.one_read_request(routing, it.chain_id, it.chunk_id, it.offset, it.length, next(self._rr))
+        if planned is None:
+            return False, None
+        addr, target, record = planned
+        view = it.dest[:it.length]
+        try:
+            rsp, payload = await self._call(addr, "storage.read_packed",
+                                            ss.PackedReadReq(record, False, self.rpc.senders is not None),
+                                            ss.PackedReadRsp, recv_into=view)
+        except ThreeFSError:
+            return False, target
+        got = self.one_read_answer(rsp, payload, view)
+        if got is None:
+            return False, target
+        it.result = got
+        return True, None
 
     async def read_batch(self, batch: "ReadBatch", *, allow_uncommitted: bool = False,
                          pending: np.ndarray | None = None) -> None:
