@@ -131,13 +131,13 @@ def tfs(cluster):
     from threefs.pond.io import filesystem as pfs
     old = os.environ.get("THREEFS_CONFIG")
     os.environ["THREEFS_CONFIG"] = str(cluster.client_config_path)
-    pfs.threefs_fs.cache_clear()
+    pfs.reset_threefs_fs()
     yield cluster
     if old is None:
         os.environ.pop("THREEFS_CONFIG", None)
     else:
         os.environ["THREEFS_CONFIG"] = old
-    pfs.threefs_fs.cache_clear()
+    pfs.reset_threefs_fs()
 
 
 def _all_records(paths) -> list:

@@ -54,7 +54,7 @@ def test_threefs_url_inputs_and_data_root(cluster, fs, data_dir, monkeypatch):
         if name.endswith(".parquet"):
             fs.put(os.path.join(data_dir, name), f"/pond-url/data/{name}")
     from threefs.pond.io import filesystem as pfs
-    pfs.threefs_fs.cache_clear()
+    pfs.reset_threefs_fs()
     sp = pond.init(data_root="threefs:///pond-url/root", num_cpus=2, progress=False)
     try:
         df = sp.read_parquet("threefs:///pond-url/data/*.parquet")
@@ -90,3 +90,24 @@ def test_threefs_url_with_bulk_data_through_the_mount(cluster, fs, mount, data_d
         sp.shutdown()
     # the deliberate error failed the job: its files stay for a rerun (the test above covers the cleanup)
     assert fs.exists("/pond-both/root/" + os.path.basename(sp._runtime_ctx.job_root) + "/staging")
+
+
+def test_configuring_another_cluster_closes_the_old_client(cluster):
+    """configure() to another client config (and reset_threefs_fs) closes the client of the file system it
+    drops: none is left running its loop thread to the end of the process."""
+    from threefs.pond.io import filesystem as pfs
+    before = pfs._config[0]
+    path = str(cluster.client_config_path)
+    try:
+        pfs.configure(path)
+        old = pfs.threefs_fs().client
+        assert old.exists("/")
+        pfs.configure(os.path.join(os.path.dirname(path), ".", os.path.basename(path)))  # another config string
+        assert old._loop is None  # closed
+        new = pfs.threefs_fs().client
+        assert new is not old and new.exists("/")
+        pfs.reset_threefs_fs()
+        assert new._loop is None
+    finally:
+        pfs._config[0] = before
+        pfs.reset_threefs_fs()

@@ -28,7 +28,7 @@ def configure(config_path, mount=None) -> None:
     `mount` is the FUSE mount point of the same cluster, move the bulk data of threefs:// paths through it."""
     if config_path and config_path != _config[0]:
         _config[0] = config_path
-        threefs_fs.cache_clear()
+        reset_threefs_fs()
     _mount[0] = mount or None
 
 
@@ -54,6 +54,18 @@ def threefs_fs():
     """One fsspec file system per process (config from configure(), $THREEFS_CONFIG or ./.threefs/client.toml)."""
     import fsspec
     return fsspec.filesystem("threefs", config=current_config(), skip_instance_cache=True)
+
+
+def reset_threefs_fs() -> None:
+    """Forget this process's threefs:// file system and close its client (connections, loop thread): the
+    next threefs_fs() connects with the config then current. A client dropped without close() kept its loop
+    thread running to the end of the process (each configure() to another cluster left one behind), and a
+    daemon thread still inside the event loop while the interpreter finalises can crash the exit."""
+    if threefs_fs.cache_info().currsize:
+        fs = threefs_fs()  # the cached one
+        threefs_fs.cache_clear()
+        _duckdb_fs_over.cache_clear()  # (it shares fs's client)
+        fs.close()
 
 
 def duckdb_fs():
