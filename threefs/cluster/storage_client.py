@@ -285,7 +285,7 @@ class StorageClient:
     async def _read_one_item(self, it: ReadItem) -> tuple[bool, int | None]:
         """One small item read by one_read_request / one_read_answer: (done, None), or (False, the target
         whose answer was not clean, or None if none was asked): then read it in a batch, that target last."""
-        if it.avoid or not 0 < it.length < SOLO_IO_BYTES_MIN:
+        if it.avoid:  # a retry: the batch path, which tries those replicas last
             return False, None
         routing = await self.mgmtd.get()
         planned = self.one_read_request(routing, it.chain_id, it.chunk_id, it.offset, it.length, next(self._rr))
