@@ -113,6 +113,53 @@ def test_append_in_place_middle_write_overlay_and_copy_on_write(eng):
     assert check_target(eng.path).ok
 
 
+def test_an_overlay_is_folded_only_after_the_reads_that_began_before_its_commit(eng):
+    """A read that looked a chunk up before an overlay write's commit reads the old version's block, under
+    the old version's length and checksum. The commit's fold writes the overlay's bytes into that block: done
+    under such a read, the read returns a mix of both versions that no checksum catches (the storage service
+    crc32cs what it read). The fold waits until those reads are over; meanwhile reads take the overlay."""
+    base = bytes(range(256)) * 200
+    put(eng, cid(1), base)
+    pos = state(eng, cid(1)).pos
+    locs, epoch = eng.read_locations([cid(1)])  # a batched read of the committed version begins
+    fd, at, size, _, crc = locs[0]
+    new = bytearray(base)
+    new[1000:5096] = b"M" * 4096
+    put(eng, cid(1), b"M" * 4096, offset=1000)  # an overlay write, committed while that read runs
+    old = os.pread(fd, size, at)
+    assert old == base and crc32c.crc32c(old) == crc, "the earlier read's block is still the old version"
+    assert state(eng, cid(1)).ov is not None and eng.folds_waiting()
+    assert committed(eng, cid(1)) == new, "reads after the commit see the new version (from the overlay)"
+    later, later_epoch = eng.read_locations([cid(1)])
+    eng.end_reads(later_epoch)
+    assert later == [False], "the batched path leaves an unfolded overlay to read()"
+    assert eng.fold_waiting() == 0, "not while that read runs"
+    eng.end_reads(epoch)
+    assert eng.fold_waiting() == 1 and not eng.folds_waiting()
+    st = state(eng, cid(1))
+    assert st.ov is None and st.pos == pos and committed(eng, cid(1)) == new, "folded in place"
+    # a later update of a chunk whose fold waits folds it first once the reads are over (then it is an
+    # overlay again, not a copy); while they run, it copies the chunk to a new block
+    locs, epoch = eng.read_locations([cid(1)])
+    put(eng, cid(1), b"N" * 100, offset=200)
+    new[200:300] = b"N" * 100
+    eng.end_reads(epoch)
+    put(eng, cid(1), b"O" * 100, offset=400)
+    new[400:500] = b"O" * 100
+    st = state(eng, cid(1))
+    assert st.pos == pos and st.ov is None and committed(eng, cid(1)) == new and not eng.folds_waiting()
+    locs, epoch = eng.read_locations([cid(1)])
+    put(eng, cid(1), b"P" * 100, offset=600)
+    new[600:700] = b"P" * 100
+    put(eng, cid(1), b"Q" * 100, offset=800)  # the fold still waits: copy-on-write
+    new[800:900] = b"Q" * 100
+    assert state(eng, cid(1)).pos != pos and committed(eng, cid(1)) == new
+    eng.end_reads(epoch)
+    assert eng.fold_waiting() == 0 and not eng.folds_waiting(), "its overlay went with the copy"
+    eng.close()
+    assert check_target(eng.path).ok
+
+
 @pytest.mark.parametrize("given", [False, True], ids=["computed", "crc-given"])
 def test_a_write_given_its_data_crc_records_the_same_crc_on_every_write_path(eng, given):
     """The storage service passes a write's checked payload crc32c to the engine (data_crc), which derives

@@ -336,6 +336,8 @@ def _chunk_op(fn):
                     self._waiters -= 1
             self._busy[chunk_id] = 1
         try:
+            if self._fold_after and chunk_id in self._fold_after:
+                self._fold_if_read(chunk_id)  # before the update: it takes the in-place paths again
             result = fn(self, chunk_id, *args, **kwargs)
             self._durable()  # fsync: the journal on disk up to this update's records (group commit)
             self._flush_owed()  # a flush this update owes, outside the engine lock
@@ -426,6 +428,10 @@ class ChunkEngineV2:
         self._touched: set[int] = set()  # groups whose bitmap changed since the last flush
         self._reader = _Reader()
         self._limbo: list[tuple[int, int, list[int]]] = []  # (epoch freed, journal seq of the free, blocks)
+        # committed overlays whose fold waits for reads that began before their commit: chunk -> the last
+        # epoch such a read may have (see commit)
+        self._fold_after: dict[bytes, int] = {}
+        self.folds_deferred = 0  # overlays folded after the reads they waited for (fold_waiting, updates)
         self._sync_lock = threading.Lock()
         self._count_unsaved = "chunk_count" not in info  # a target written before the count was kept
         self._seq = self._applied_seq = int(info.get("applied_seq", 0))
@@ -1422,8 +1428,14 @@ class ChunkEngineV2:
     # -- commit ----------------------------------------------------------------------------------
     @_chunk_op
     def commit(self, chunk_id: bytes, update_ver: int, *, chain_ver: int | None = None) -> ChunkMeta | None:
-        """As ChunkEngine.commit. A commit of an overlay folds it into the committed block afterwards."""
+        """As ChunkEngine.commit. A commit of an overlay folds it into the committed block afterwards: at
+        once, or, while reads that looked the chunk up before the commit may still read that block (the old
+        version's bytes, under the old version's length and checksum), once they are over (fold_waiting, or
+        the chunk's next update). Folding under such a read would hand it a mix of both versions that no
+        checksum catches (the storage service crc32cs what it read). Until the fold, reads take the written
+        range from the overlay (the general read path), and updates of the chunk copy it to a new block."""
         _check_chunk_id(chunk_id)
+        fold = False
         with self._lock:
             self._check_open()
             st = self._get(chunk_id)
@@ -1436,9 +1448,64 @@ class ChunkEngineV2:
                 new = State(p.chain_ver if chain_ver is None else chain_ver, update_ver, p.length, p.crc, p.pos, p.ov,
                             p.last_request, None)
             self._set(chunk_id, st, new)
-        if new is not None and new.ov is not None:
+            if new is not None and new.ov is not None:
+                reader = self._reader
+                before = reader.epoch
+                reader.epoch += 1  # reads from here on looked up the new version: they read its overlay
+                oldest = reader.oldest()
+                if oldest is not None and oldest <= before:
+                    self._fold_after[chunk_id] = before
+                else:
+                    fold = True
+        if fold:
             new = self._fold(chunk_id, new)
         return None if new is None else make_meta(chunk_id, new)
+
+    def folds_waiting(self) -> bool:
+        """Whether committed overlays wait to be folded (see commit): then call fold_waiting."""
+        return bool(self._fold_after)
+
+    def fold_waiting(self) -> int:
+        """Fold the committed overlays whose fold waited for reads that are now over (see commit); returns
+        how many were folded. It writes and (fsync) syncs blocks: call it where blocking is fine (the storage
+        service runs it in its disk threads)."""
+        with self._lock:
+            oldest = self._reader.oldest()
+            ready = [c for c, e in self._fold_after.items() if oldest is None or oldest > e]
+            done = self.folds_deferred
+        for chunk_id in ready:
+            self._fold_waiting_of(chunk_id)
+        return self.folds_deferred - done
+
+    @_chunk_op
+    def _fold_waiting_of(self, chunk_id: bytes) -> None:
+        pass  # the chunk op folds it before this runs (_fold_if_read)
+
+    def _fold_if_read(self, chunk_id: bytes) -> int:
+        """Fold chunk_id's committed overlay if the reads its fold waits for are over (the caller holds the
+        chunk's update slot, see _chunk_op); 1 if folded."""
+        with self._lock:
+            before = self._fold_after.get(chunk_id)
+            if before is None:
+                return 0
+            oldest = self._reader.oldest()
+            if oldest is not None and oldest <= before:
+                return 0
+            del self._fold_after[chunk_id]
+            if self._closed:
+                return 0  # the next open folds it (_redo_folds)
+            st = self._get(chunk_id)
+        if st is None or st.ov is None:
+            return 0  # removed, or its overlay gone with a later version
+        if st.p is not None:  # a pending update (copied to a new block): folded when it no longer waits
+            with self._lock:
+                self._fold_after[chunk_id] = before
+            return 0
+        if self._fold(chunk_id, st).ov is not None:
+            return 0
+        with self._lock:
+            self.folds_deferred += 1
+        return 1
 
     def _fold(self, chunk_id: bytes, st: State) -> State:
         """Write a committed overlay into its base block; the overlay is freed with the next transaction."""

@@ -51,6 +51,8 @@ VERIFIED_ENTRIES_MAX = 65536
 # A read_packed of one IO covering a whole committed chunk of at least this size is sent straight from the
 # data file (os.sendfile) when the client asks for zero_copy; smaller ones are cheaper copied.
 ZERO_COPY_BYTES_MIN = 128 * 1024
+# How often fold_loop looks for committed overlays whose fold waited for reads (chunk_engine_v2 commit).
+FOLD_INTERVAL_S = 0.1
 
 
 class _CacheRange(ctypes.Structure):
@@ -268,6 +270,22 @@ class StorageService:
         """Runs for the service's lifetime; a missing mgmtd only delays the next beat."""
         await heartbeat_loop(self.config.name, self.config.heartbeat_interval_s, self.heartbeat_once,
                              self.register, on_failure=self.fence.note)
+
+    async def fold_loop(self) -> None:
+        """Runs for the service's lifetime: folds the committed overlays of v2 engines whose fold waited for
+        reads that began before their commit (chunk_engine_v2 commit: folding under them would hand them a mix
+        of two versions), once those reads are over; looked for every FOLD_INTERVAL_S, folded in the disk
+        threads. Until then reads take those bytes from the overlay and updates copy the chunk."""
+        while True:
+            await asyncio.sleep(FOLD_INTERVAL_S)
+            for tid, engine in list(self.engines.items()):
+                waiting = getattr(engine, "folds_waiting", None)
+                if waiting is None or not waiting():
+                    continue
+                try:
+                    await self.disk(engine.fold_waiting)
+                except Exception as e:  # (e.g. closed meanwhile: the next open folds what is left)
+                    log.warning("target %s: waiting overlay folds not done: %s", tid, e)
 
     async def heartbeat_once(self) -> None:
         routing = self.mgmtd.routing
