@@ -96,7 +96,7 @@ async def _build(config: ServiceConfig, token: str, server: RpcServer, metrics) 
         metrics.add_gauges(storage_gauges(svc))
         await _retry_forever("register with mgmtd", svc.register)
         return ([svc.heartbeat_loop(), mgmtd.refresh_loop(config.heartbeat_interval_s), resync.run(),
-                 scrubber.run(), svc.fold_loop()],
+                 scrubber.run()],
                 [svc.close, rpc_client.close])
     if config.type == "meta":
         from threefs.cluster.storage_client import StorageClient

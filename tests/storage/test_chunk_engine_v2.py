@@ -113,49 +113,37 @@ def test_append_in_place_middle_write_overlay_and_copy_on_write(eng):
     assert check_target(eng.path).ok
 
 
-def test_an_overlay_is_folded_only_after_the_reads_that_began_before_its_commit(eng):
+def test_a_read_across_an_overlay_fold_is_read_again_never_a_mix_of_versions(eng, monkeypatch):
     """A read that looked a chunk up before an overlay write's commit reads the old version's block, under
-    the old version's length and checksum. The commit's fold writes the overlay's bytes into that block: done
-    under such a read, the read returns a mix of both versions that no checksum catches (the storage service
-    crc32cs what it read). The fold waits until those reads are over; meanwhile reads take the overlay."""
+    the old version's length and checksum; the commit's fold writes the overlay's bytes into that block. A
+    read it overlaps would return a mix of both versions that no checksum catches (the storage service
+    crc32cs what it read): readers compare the engine's fold count before and after and read again."""
     base = bytes(range(256)) * 200
     put(eng, cid(1), base)
-    pos = state(eng, cid(1)).pos
-    locs, epoch = eng.read_locations([cid(1)])  # a batched read of the committed version begins
-    fd, at, size, _, crc = locs[0]
     new = bytearray(base)
     new[1000:5096] = b"M" * 4096
-    put(eng, cid(1), b"M" * 4096, offset=1000)  # an overlay write, committed while that read runs
-    old = os.pread(fd, size, at)
-    assert old == base and crc32c.crc32c(old) == crc, "the earlier read's block is still the old version"
-    assert state(eng, cid(1)).ov is not None and eng.folds_waiting()
-    assert committed(eng, cid(1)) == new, "reads after the commit see the new version (from the overlay)"
-    later, later_epoch = eng.read_locations([cid(1)])
-    eng.end_reads(later_epoch)
-    assert later == [False], "the batched path leaves an unfolded overlay to read()"
-    assert eng.fold_waiting() == 0, "not while that read runs"
+    # the batched path (storage service _serve_fast): the lookup tells the reader that a fold happened
+    locs, epoch, folds = eng.read_locations([cid(1)], with_folds=True)
+    fd, at, size, _, crc = locs[0]
+    put(eng, cid(1), b"M" * 4096, offset=1000)  # an overlay write, committed (and folded) meanwhile
+    assert os.pread(fd, size, at) == new, "the block the reader was reading now holds the new bytes"
+    assert eng.folds != folds, "and the reader can tell"
     eng.end_reads(epoch)
-    assert eng.fold_waiting() == 1 and not eng.folds_waiting()
-    st = state(eng, cid(1))
-    assert st.ov is None and st.pos == pos and committed(eng, cid(1)) == new, "folded in place"
-    # a later update of a chunk whose fold waits folds it first once the reads are over (then it is an
-    # overlay again, not a copy); while they run, it copies the chunk to a new block
-    locs, epoch = eng.read_locations([cid(1)])
-    put(eng, cid(1), b"N" * 100, offset=200)
-    new[200:300] = b"N" * 100
-    eng.end_reads(epoch)
-    put(eng, cid(1), b"O" * 100, offset=400)
-    new[400:500] = b"O" * 100
-    st = state(eng, cid(1))
-    assert st.pos == pos and st.ov is None and committed(eng, cid(1)) == new and not eng.folds_waiting()
-    locs, epoch = eng.read_locations([cid(1)])
-    put(eng, cid(1), b"P" * 100, offset=600)
-    new[600:700] = b"P" * 100
-    put(eng, cid(1), b"Q" * 100, offset=800)  # the fold still waits: copy-on-write
-    new[800:900] = b"Q" * 100
-    assert state(eng, cid(1)).pos != pos and committed(eng, cid(1)) == new
-    eng.end_reads(epoch)
-    assert eng.fold_waiting() == 0 and not eng.folds_waiting(), "its overlay went with the copy"
+    # engine.read: a fold in the middle of its preadv makes it read again (the new version, whole)
+    real_preadv, fired = os.preadv, []
+
+    def preadv_racing_a_fold(fd, buffers, offset, *flags):
+        if not fired:
+            fired.append(True)
+            put(eng, cid(1), b"N" * 2048, offset=9000)  # commits and folds while this read is under way
+        return real_preadv(fd, buffers, offset, *flags)
+
+    monkeypatch.setattr(os, "preadv", preadv_racing_a_fold)
+    out = memoryview(bytearray(len(base)))
+    data, meta = eng.read(cid(1), 0, len(base), out)
+    monkeypatch.undo()
+    new[9000:11048] = b"N" * 2048
+    assert fired and bytes(data) == new and meta.commit_ver == 3 and crc32c.crc32c(data) == meta.crc
     eng.close()
     assert check_target(eng.path).ok
 

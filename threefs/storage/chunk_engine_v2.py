@@ -336,8 +336,6 @@ def _chunk_op(fn):
                     self._waiters -= 1
             self._busy[chunk_id] = 1
         try:
-            if self._fold_after and chunk_id in self._fold_after:
-                self._fold_if_read(chunk_id)  # before the update: it takes the in-place paths again
             result = fn(self, chunk_id, *args, **kwargs)
             self._durable()  # fsync: the journal on disk up to this update's records (group commit)
             self._flush_owed()  # a flush this update owes, outside the engine lock
@@ -428,10 +426,9 @@ class ChunkEngineV2:
         self._touched: set[int] = set()  # groups whose bitmap changed since the last flush
         self._reader = _Reader()
         self._limbo: list[tuple[int, int, list[int]]] = []  # (epoch freed, journal seq of the free, blocks)
-        # committed overlays whose fold waits for reads that began before their commit: chunk -> the last
-        # epoch such a read may have (see commit)
-        self._fold_after: dict[bytes, int] = {}
-        self.folds_deferred = 0  # overlays folded after the reads they waited for (fold_waiting, updates)
+        # folds begun (see _fold): a read of a committed block compares it before and after, and reads again
+        # if a fold may have written into the block meanwhile
+        self.folds = 0
         self._sync_lock = threading.Lock()
         self._count_unsaved = "chunk_count" not in info  # a target written before the count was kept
         self._seq = self._applied_seq = int(info.get("applied_seq", 0))
@@ -1069,54 +1066,60 @@ class ChunkEngineV2:
         if offset < 0 or length < 0 or (view is not None and (view.readonly or len(view) < length)):
             raise status_error(StatusCode.INVALID_ARGUMENT, f"bad read: offset {offset}, length {length}")
         reader = self._reader
-        with self._lock:
-            if self._closed:
-                self._check_open()
-            entry = self._dirty.get(chunk_id)
-            if entry is not None:
-                st = entry[1]
-            else:
-                st = self._cache.get(chunk_id, _MISSING)
-                if st is _MISSING:
-                    st = self._get(chunk_id)
-            if st is None:
-                raise status_error(StatusCode.CHUNK_NOT_FOUND, f"chunk {chunk_id.hex()} not found on {self.path}")
-            p = st.p
-            if pending and p is not None:
-                if p.remove:
-                    raise status_error(StatusCode.CHUNK_NOT_FOUND, f"chunk {chunk_id.hex()} has a pending removal")
-                pos, ov, size = p.pos, p.ov, p.length
-            else:
-                pos, ov, size = st.pos, st.ov, st.length
-            count = min(length, size - offset)
-            if count > 0:
-                epoch = reader.epoch  # (_Reader.enter, inlined: this is the hot path)
-                reader.active[epoch] = reader.active.get(epoch, 0) + 1
-            meta = self._meta_of(chunk_id, st)
-        if count <= 0:
-            return (b"" if view is None else view[:0]), meta
-        try:
-            cls = pos >> 56
-            fd = self._fds[(cls, (pos >> 40) & 0xFFFF)]
-            at = (pos & _BLOCK_MASK) * (BLOCK_MIN << cls) + offset
-            if view is None and ov is None:
-                data = os.pread(fd, count, at)
-                if len(data) != count:
-                    raise status_error(StatusCode.IO_ERROR, f"target {self.path}: {pos_str(pos)} is beyond the "
-                                       "end of its data file")
-                return data, meta
-            target = memoryview(bytearray(count)) if view is None else view[:count]
-            flags = os.RWF_NOWAIT if nowait and view is not None else 0
-            if ov is not None or os.preadv(fd, (target,), at, flags) != count:
-                self._read_version(pos, ov, offset, target, flags)  # an overlay, or a short read
-        finally:
+        while True:  # (again if a fold wrote into the block while it was read: see _fold)
             with self._lock:
-                n = reader.active[epoch] - 1
-                if n:
-                    reader.active[epoch] = n
+                if self._closed:
+                    self._check_open()
+                entry = self._dirty.get(chunk_id)
+                if entry is not None:
+                    st = entry[1]
                 else:
-                    del reader.active[epoch]
-        return (bytes(target) if view is None else target), meta
+                    st = self._cache.get(chunk_id, _MISSING)
+                    if st is _MISSING:
+                        st = self._get(chunk_id)
+                if st is None:
+                    raise status_error(StatusCode.CHUNK_NOT_FOUND, f"chunk {chunk_id.hex()} not found on {self.path}")
+                p = st.p
+                if pending and p is not None:
+                    if p.remove:
+                        raise status_error(StatusCode.CHUNK_NOT_FOUND,
+                                           f"chunk {chunk_id.hex()} has a pending removal")
+                    pos, ov, size = p.pos, p.ov, p.length
+                else:
+                    pos, ov, size = st.pos, st.ov, st.length
+                count = min(length, size - offset)
+                if count > 0:
+                    epoch = reader.epoch  # (_Reader.enter, inlined: this is the hot path)
+                    reader.active[epoch] = reader.active.get(epoch, 0) + 1
+                meta = self._meta_of(chunk_id, st)
+                folds = self.folds
+            if count <= 0:
+                return (b"" if view is None else view[:0]), meta
+            try:
+                cls = pos >> 56
+                fd = self._fds[(cls, (pos >> 40) & 0xFFFF)]
+                at = (pos & _BLOCK_MASK) * (BLOCK_MIN << cls) + offset
+                if view is None and ov is None:
+                    data = os.pread(fd, count, at)
+                    if len(data) != count:
+                        raise status_error(StatusCode.IO_ERROR, f"target {self.path}: {pos_str(pos)} is beyond "
+                                           "the end of its data file")
+                    if self.folds == folds:
+                        return data, meta
+                    continue
+                target = memoryview(bytearray(count)) if view is None else view[:count]
+                flags = os.RWF_NOWAIT if nowait and view is not None else 0
+                if ov is not None or os.preadv(fd, (target,), at, flags) != count:
+                    self._read_version(pos, ov, offset, target, flags)  # an overlay, or a short read
+            finally:
+                with self._lock:
+                    n = reader.active[epoch] - 1
+                    if n:
+                        reader.active[epoch] = n
+                    else:
+                        del reader.active[epoch]
+            if self.folds == folds:
+                return (bytes(target) if view is None else target), meta
 
     def _meta_of(self, chunk_id: bytes, st: State) -> ChunkMeta:
         """make_meta, remembered per state (caller holds the lock; states are immutable)."""
@@ -1130,14 +1133,19 @@ class ChunkEngineV2:
         return meta
 
     # -- batched reads (the storage service's read_packed) ----------------------------------------
-    def read_locations(self, chunk_ids: list) -> tuple[list, int]:
+    def read_locations(self, chunk_ids: list, with_folds: bool = False) -> tuple:
         """Where the committed bytes of each chunk are, for a batch of reads of committed data, looked
         up under one lock acquisition: ([loc per chunk], epoch). loc is None for a chunk not stored (a
         hole), False for one that needs the general path (`read`: a pending version, an overlay, or no
         committed version), else (fd, file offset of the block, committed length, commit_ver, crc).
 
         The blocks stay owned by their reads until `end_reads(epoch)`: call it once the bytes were read
-        (or sent: a zero-copy send reads the file after this returns), in a `finally`."""
+        (or sent: a zero-copy send reads the file after this returns), in a `finally`.
+
+        with_folds: ([loc per chunk], epoch, folds), `folds` the fold count at the lookup: if `self.folds`
+        differs once the bytes are read, a fold may have written into a block while it was read (a version
+        committed meanwhile), and the read must be done again (`read` does so). A whole chunk sent zero-copy
+        is checked by the client against its write-time crc32c instead."""
         locs: list = []
         append = locs.append
         reader, dirty, cache, memo = self._reader, self._dirty, self._cache, self._locs
@@ -1173,7 +1181,8 @@ class ChunkEngineV2:
                 append(loc)
             epoch = reader.epoch
             reader.active[epoch] = reader.active.get(epoch, 0) + 1
-        return locs, epoch
+            folds = self.folds
+        return (locs, epoch, folds) if with_folds else (locs, epoch)
 
     def read_direct(self, fd: int, at: int, view: memoryview) -> int:
         """Read the bytes at `at` of the data file that read_locations named `fd` with O_DIRECT (from the
@@ -1227,24 +1236,29 @@ class ChunkEngineV2:
             self._reader.leave(epoch)
 
     def verify(self, chunk_id: bytes) -> bool:
-        """Re-read the committed bytes and check them against the stored CRC32C."""
+        """Re-read the committed bytes and check them against the stored CRC32C (again if a fold wrote into
+        the block meanwhile: a version committed during the check, see _fold)."""
         _check_chunk_id(chunk_id)
-        with self._lock:
-            self._check_open()
-            st = self._get(chunk_id)
-            if st is None:
-                raise status_error(StatusCode.CHUNK_NOT_FOUND, f"chunk {chunk_id.hex()} not found on {self.path}")
-            if st.commit_ver == 0:
-                return True
-            epoch = self._reader.enter()
-        try:
-            crc = self._crc_of(st.pos, st.ov, 0, st.length)
-        except (OSError, ThreeFSError) as exc:
-            log.error("target %s: chunk %s unreadable: %s", self.path, chunk_id.hex(), exc)
-            return False
-        finally:
+        while True:
             with self._lock:
-                self._reader.leave(epoch)
+                self._check_open()
+                st = self._get(chunk_id)
+                if st is None:
+                    raise status_error(StatusCode.CHUNK_NOT_FOUND, f"chunk {chunk_id.hex()} not found on {self.path}")
+                if st.commit_ver == 0:
+                    return True
+                epoch = self._reader.enter()
+                folds = self.folds
+            try:
+                crc = self._crc_of(st.pos, st.ov, 0, st.length)
+            except (OSError, ThreeFSError) as exc:
+                log.error("target %s: chunk %s unreadable: %s", self.path, chunk_id.hex(), exc)
+                return False
+            finally:
+                with self._lock:
+                    self._reader.leave(epoch)
+            if self.folds == folds:
+                break
         if crc != st.crc:
             log.error("target %s: chunk %s checksum mismatch: %08x != %08x", self.path, chunk_id.hex(), crc, st.crc)
         return crc == st.crc
@@ -1428,14 +1442,8 @@ class ChunkEngineV2:
     # -- commit ----------------------------------------------------------------------------------
     @_chunk_op
     def commit(self, chunk_id: bytes, update_ver: int, *, chain_ver: int | None = None) -> ChunkMeta | None:
-        """As ChunkEngine.commit. A commit of an overlay folds it into the committed block afterwards: at
-        once, or, while reads that looked the chunk up before the commit may still read that block (the old
-        version's bytes, under the old version's length and checksum), once they are over (fold_waiting, or
-        the chunk's next update). Folding under such a read would hand it a mix of both versions that no
-        checksum catches (the storage service crc32cs what it read). Until the fold, reads take the written
-        range from the overlay (the general read path), and updates of the chunk copy it to a new block."""
+        """As ChunkEngine.commit. A commit of an overlay folds it into the committed block afterwards."""
         _check_chunk_id(chunk_id)
-        fold = False
         with self._lock:
             self._check_open()
             st = self._get(chunk_id)
@@ -1448,64 +1456,9 @@ class ChunkEngineV2:
                 new = State(p.chain_ver if chain_ver is None else chain_ver, update_ver, p.length, p.crc, p.pos, p.ov,
                             p.last_request, None)
             self._set(chunk_id, st, new)
-            if new is not None and new.ov is not None:
-                reader = self._reader
-                before = reader.epoch
-                reader.epoch += 1  # reads from here on looked up the new version: they read its overlay
-                oldest = reader.oldest()
-                if oldest is not None and oldest <= before:
-                    self._fold_after[chunk_id] = before
-                else:
-                    fold = True
-        if fold:
+        if new is not None and new.ov is not None:
             new = self._fold(chunk_id, new)
         return None if new is None else make_meta(chunk_id, new)
-
-    def folds_waiting(self) -> bool:
-        """Whether committed overlays wait to be folded (see commit): then call fold_waiting."""
-        return bool(self._fold_after)
-
-    def fold_waiting(self) -> int:
-        """Fold the committed overlays whose fold waited for reads that are now over (see commit); returns
-        how many were folded. It writes and (fsync) syncs blocks: call it where blocking is fine (the storage
-        service runs it in its disk threads)."""
-        with self._lock:
-            oldest = self._reader.oldest()
-            ready = [c for c, e in self._fold_after.items() if oldest is None or oldest > e]
-            done = self.folds_deferred
-        for chunk_id in ready:
-            self._fold_waiting_of(chunk_id)
-        return self.folds_deferred - done
-
-    @_chunk_op
-    def _fold_waiting_of(self, chunk_id: bytes) -> None:
-        pass  # the chunk op folds it before this runs (_fold_if_read)
-
-    def _fold_if_read(self, chunk_id: bytes) -> int:
-        """Fold chunk_id's committed overlay if the reads its fold waits for are over (the caller holds the
-        chunk's update slot, see _chunk_op); 1 if folded."""
-        with self._lock:
-            before = self._fold_after.get(chunk_id)
-            if before is None:
-                return 0
-            oldest = self._reader.oldest()
-            if oldest is not None and oldest <= before:
-                return 0
-            del self._fold_after[chunk_id]
-            if self._closed:
-                return 0  # the next open folds it (_redo_folds)
-            st = self._get(chunk_id)
-        if st is None or st.ov is None:
-            return 0  # removed, or its overlay gone with a later version
-        if st.p is not None:  # a pending update (copied to a new block): folded when it no longer waits
-            with self._lock:
-                self._fold_after[chunk_id] = before
-            return 0
-        if self._fold(chunk_id, st).ov is not None:
-            return 0
-        with self._lock:
-            self.folds_deferred += 1
-        return 1
 
     def _fold(self, chunk_id: bytes, st: State) -> State:
         """Write a committed overlay into its base block; the overlay is freed with the next transaction."""
@@ -1513,6 +1466,13 @@ class ChunkEngineV2:
         buffer = memoryview(bytearray(ov_len))
         try:
             self._pread(ov_pos, 0, buffer)
+            # A read that looked the chunk up before the commit may be reading the old version's bytes of this
+            # block (under the old version's length and checksum): it sees the count change and reads again,
+            # else it could return a mix of both versions that no checksum catches (the storage service
+            # crc32cs what it read). Reads of the new version take this range from the overlay until the
+            # folded state is recorded, so they are not affected.
+            with self._lock:
+                self.folds += 1
             self._pwrite(st.pos, ov_off, [buffer])
             self._sync(st.pos)
         except ThreeFSError as exc:

@@ -51,8 +51,6 @@ VERIFIED_ENTRIES_MAX = 65536
 # A read_packed of one IO covering a whole committed chunk of at least this size is sent straight from the
 # data file (os.sendfile) when the client asks for zero_copy; smaller ones are cheaper copied.
 ZERO_COPY_BYTES_MIN = 128 * 1024
-# How often fold_loop looks for committed overlays whose fold waited for reads (chunk_engine_v2 commit).
-FOLD_INTERVAL_S = 0.1
 
 
 class _CacheRange(ctypes.Structure):
@@ -270,22 +268,6 @@ class StorageService:
         """Runs for the service's lifetime; a missing mgmtd only delays the next beat."""
         await heartbeat_loop(self.config.name, self.config.heartbeat_interval_s, self.heartbeat_once,
                              self.register, on_failure=self.fence.note)
-
-    async def fold_loop(self) -> None:
-        """Runs for the service's lifetime: folds the committed overlays of v2 engines whose fold waited for
-        reads that began before their commit (chunk_engine_v2 commit: folding under them would hand them a mix
-        of two versions), once those reads are over; looked for every FOLD_INTERVAL_S, folded in the disk
-        threads. Until then reads take those bytes from the overlay and updates copy the chunk."""
-        while True:
-            await asyncio.sleep(FOLD_INTERVAL_S)
-            for tid, engine in list(self.engines.items()):
-                waiting = getattr(engine, "folds_waiting", None)
-                if waiting is None or not waiting():
-                    continue
-                try:
-                    await self.disk(engine.fold_waiting)
-                except Exception as e:  # (e.g. closed meanwhile: the next open folds what is left)
-                    log.warning("target %s: waiting overlay folds not done: %s", tid, e)
 
     async def heartbeat_once(self) -> None:
         routing = self.mgmtd.routing
@@ -650,13 +632,15 @@ class StorageService:
         per-IO loop allocates nothing but the slot views. IOs it cannot serve this way (holes need no read;
         a pending version, an overlay, a short read, a partial read of a chunk version not yet checked here)
         go through _read_committed one by one. Same answers as _read_committed; returns the IOs that would
-        wait for the disk (nowait)."""
+        wait for the disk (nowait). If a fold began meanwhile (a version committed over an overlay writes into
+        its block: engine.folds), the IOs read here are read again through engine.read, which re-reads such a
+        race until it did not happen: never a mix of two versions."""
         ios = [arr[k] for k in ks]
-        locs, epoch = engine.read_locations([io[2] for io in ios])
+        locs, epoch, folds = engine.read_locations([io[2] for io in ios], with_folds=True)
         flags = os.RWF_NOWAIT if nowait else 0
         preadv, crc, pack = os.preadv, crc32c.crc32c, _RESULT.pack_into
         seen = self.verified.seen  # (VerifiedChunks.__contains__ without the call)
-        slow, blocked, zero = [], [], []
+        slow, blocked, zero, read = [], [], [], []
         try:
             for k, (_, _, cid, off, ln), loc in zip(ks, ios, locs):
                 s = ends[k] - (ln + _ALIGN - 1) // _ALIGN * _ALIGN
@@ -692,8 +676,11 @@ class StorageService:
                     slow.append(k)  # (the general path answers CHECKSUM_MISMATCH with its message)
                     continue
                 pack(results, k * _RESULT_BYTES, 0, count, ver, ccrc, dcrc)
+                read.append(k)
                 if count < ln:
                     zero.append((s + count, ln - count))
+            if engine.folds != folds:  # a fold may have written into a block being read: read them again
+                slow += read  # (engine.read: it looks up the committed version again)
         finally:
             engine.end_reads(epoch)
         for s, ln in zero:  # the slot's tail is sent: never stale pool bytes
