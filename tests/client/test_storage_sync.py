@@ -122,14 +122,65 @@ def test_dead_service_ios_fail_over_on_the_loop_path(private_cluster, rng):
                     buf = bytearray(4096)
                     assert read(off, buf) == 4096
                     assert bytes(buf) == data[off:off + 4096]
+            # a few small chunk reads at once (_read_few_items), of one chain (chunks 0, 3 and 6: the service
+            # the turn picks follows the turns, which come round every 3 calls, more after a failure)
+            few = _few_left(fs.aio.storage)
+            for _ in range(6):
+                _check_few(fs, attr, data, rng, [(rng.choice([0, 3, 6]) * 64 * KiB + rng.randrange(60) * KiB, 4096)
+                                                 for _ in range(4)])
         finally:
             for pid in mgmtds:
                 os.kill(pid, signal.SIGCONT)
+        # some went to the dead service and were read by the batch path, that service's target tried last;
+        # some were read by the scalar path (the dead service is one of three turns)
+        assert any(v is not None for part in few for v in part.values()) and {} in few
         # a 64-IO batch goes to one service, the next batch to the next: some went to the dead one
         assert sync.handed_over > handed
         # and some single reads went to the dead service (then read the general way), some not
         assert None in taken and any(taken)
         assert False in items and True in items
+
+
+def _chunk_items(fs, attr, ranges: list) -> list:
+    """StorageClient ReadItems of (file offset, length) ranges that each lie in one chunk (as the FUSE
+    daemon's reads reach StorageClient.read), each with a destination of 0xAB bytes."""
+    from threefs.cluster.storage_client import ReadItem
+    from threefs.common.ids import chunk_id
+
+    routing = fs.run(fs.aio.mgmtd.get())
+    chains = fs.aio._chains_of(routing, attr.layout)
+    cs = attr.layout.chunk_size
+    items = []
+    for off, n in ranges:
+        index, within = divmod(off, cs)
+        items.append(ReadItem(int(chains[index % len(chains)]), chunk_id(attr.inode, index), within, n,
+                              memoryview(bytearray(b"\xab" * n))))
+    return items
+
+
+def _few_left(storage) -> list:
+    """Record what each StorageClient._read_few_items call left to the batch path ({item: failed target})."""
+    out, original = [], storage._read_few_items
+
+    async def read_few_items(items):
+        left = await original(items)
+        out.append(dict(left))
+        return left
+
+    storage._read_few_items = read_few_items
+    return out
+
+
+def _check_few(fs, attr, data, rng, ranges: list) -> None:
+    items = _chunk_items(fs, attr, ranges)
+    fs.run(fs.aio.storage.read(items))
+    cs = attr.layout.chunk_size
+    for it, (off, n) in zip(items, ranges):
+        stored = data[off:min(off + n, len(data))]  # a chunk's bytes end where the file's do (the rest: zeros)
+        assert it.error is None, it.error
+        want = stored + bytes(n - len(stored))
+        assert bytes(it.dest) == want, (off, n)
+        assert it.result <= n and off % cs + n <= cs
 
 
 def _every_chain_file(fs, d, rng):
@@ -315,3 +366,31 @@ def test_one_small_read_takes_the_scalar_path_and_reads_the_same_bytes(fs, d, rn
             assert f.read(1000) == data[off:off + 1000]
         assert taken[-3:] == [1000, 1000, 1000]
 
+
+def test_a_few_small_chunk_reads_take_the_scalar_path(fs, d, rng):
+    """2 to FEW_ITEMS_MAX small chunk reads at once (FUSE requests the gate sent together) are planned,
+    packed and checked in scalar Python (StorageClient._read_few_items), one request per service: the
+    bytes, holes and a chunk's end as the batch path reads them; a retried item goes to the batch path,
+    and so does a batch of more than FEW_ITEMS_MAX."""
+    from threefs.cluster.storage_client import FEW_ITEMS_MAX
+
+    path, data = _sparse_file(fs, d, rng)  # 64 KiB chunks; data, a hole, data (the last chunk short)
+    attr = fs.stat(path)
+    left = _few_left(fs.aio.storage)
+    cs = 64 * KiB
+    for _ in range(40):
+        ranges = []
+        for _ in range(rng.randrange(2, FEW_ITEMS_MAX + 1)):
+            n = rng.choice([1, 100, 4096, 5000, 60 * KiB])
+            chunk = rng.randrange((len(data) + cs - 1) // cs)
+            ranges.append((chunk * cs + rng.randrange(cs - n + 1), n))
+        _check_few(fs, attr, data, rng, ranges)
+        assert left[-1] == {}, ranges
+    items = _chunk_items(fs, attr, [(0, 4096), (cs, 4096), (3 * cs + 5, 700)])
+    items[1].avoid = {items[1].target}  # a retry: the batch path, which tries those replicas last
+    fs.run(fs.aio.storage.read(items))
+    assert left[-1] == {1: None}
+    assert [bytes(it.dest) for it in items] == [data[0:4096], data[cs:cs + 4096], data[3 * cs + 5:3 * cs + 705]]
+    calls = len(left)
+    _check_few(fs, attr, data, rng, [(k * 997, 512) for k in range(FEW_ITEMS_MAX + 1)])
+    assert len(left) == calls, "more than FEW_ITEMS_MAX: the batch path"

@@ -36,6 +36,9 @@ SOLO_IO_BYTES_MIN = 128 * limits.KiB  # larger IOs skip batching so they need no
 # frame.Scatter: one part per IO, the slots' alignment padding into a scratch), not into one buffer and then
 # copied out; smaller ones are copied (a part costs a receive system call of its own)
 SCATTER_IO_BYTES_MIN = 32 * limits.KiB
+# A read of at most this many small items (FUSE requests the gate sent together) is planned, packed and
+# checked in scalar Python (StorageClient._read_few_items): the batch path's arrays cost more for so few
+FEW_ITEMS_MAX = 8
 PLAN_SMALL_IOS_MAX = 64  # batches of at most this many IOs are planned in plain Python (StorageClient._plan_small)
 
 
@@ -237,16 +240,109 @@ class StorageClient:
             done, failed = await self._read_one_item(items[0])
             if done:
                 return
+        elif len(items) <= FEW_ITEMS_MAX and not allow_uncommitted:
+            left = await self._read_few_items(items)
+            if not left:
+                return
+            rest = sorted(left)
+            sub = [items[k] for k in rest]
+            batch = ReadBatch.of_items(sub)
+            for j, k in enumerate(rest):
+                if left[k] is not None:  # the replica that just failed it is tried last
+                    batch.avoid[j] = {left[k]}
+            await self.read_batch(batch)
+            _batch_results(batch, sub)
+            return
         batch = ReadBatch.of_items(items)
         if failed is not None:  # the replica that just failed it is tried last
             batch.avoid[0] = {failed}
         await self.read_batch(batch, allow_uncommitted=allow_uncommitted)
+        _batch_results(batch, items)
+
+    async def _read_few_items(self, items: list[ReadItem]) -> dict[int, int | None]:
+        """A few small items (FUSE requests the gate sent together) read as _read_one_item reads one: planned
+        with one_read_request (all to the service the turn picks for the first, where their chains have a
+        replica there, as _plan_small sends a run of small IOs), one read_packed per service, answers checked
+        with struct (few_read_answer). Returns {item
+        index: the target whose answer was not clean, or None} of the items left to the batch path (retries,
+        errors, big items)."""
+        left: dict[int, int | None] = {}
+        routing = await self.mgmtd.get()
+        turn = next(self._rr)
+        groups: dict[str, list] = {}
+        prefer = None  # the service the first item goes to: the others too where their chains have a replica
         for k, it in enumerate(items):
-            err = batch.errors.get(k)
-            if err is not None:
-                it.error = err
+            planned = None if it.avoid else self.one_read_request(routing, it.chain_id, it.chunk_id, it.offset,
+                                                                   it.length, turn, prefer)
+            if planned is None:
+                left[k] = None
+                continue
+            prefer = planned[0]
+            groups.setdefault(planned[0], []).append((k, planned[1], planned[2]))
+        if len(groups) == 1:
+            left.update(await self._read_few_from(*next(iter(groups.items())), items))
+        elif groups:
+            for part in await asyncio.gather(*(self._read_few_from(addr, g, items) for addr, g in groups.items())):
+                left.update(part)
+        return left
+
+    async def _read_few_from(self, addr: str, group: list, items: list[ReadItem]) -> dict[int, int | None]:
+        """One read_packed of `group` ((item index, target, IO record)) from the service at addr; returns the
+        items not read cleanly, as _read_few_items does."""
+        lengths = [items[k].length for k, _, _ in group]
+        lease = self.pool.acquire(sum(map(_align, lengths)))
+        try:
+            rsp, payload = await self._call(addr, "storage.read_packed",
+                                            ss.PackedReadReq(b"".join([r for _, _, r in group]), False,
+                                                             self.rpc.senders is not None),
+                                            ss.PackedReadRsp, recv_into=lease.view)
+        except asyncio.CancelledError:
+            raise  # the answer may still be received into the buffer: never reuse it (the GC frees it)
+        except ThreeFSError:
+            lease.release()
+            return {k: t for k, t, _ in group}
+        except BaseException:
+            lease.release()
+            raise
+        try:
+            got = self.few_read_answer(rsp, payload, [items[k].dest[:n] for (k, _, _), n in zip(group, lengths)])
+        finally:
+            lease.release()
+        left = {}
+        for (k, t, _), g in zip(group, got):
+            if g is None:
+                left[k] = t
             else:
-                it.result = int(batch.got[k])
+                items[k].result = g
+        return left
+
+    def few_read_answer(self, rsp: ss.PackedReadRsp, payload, views: list[memoryview]) -> list[int | None]:
+        """Per IO of a read_packed answer of a few IOs (payload: their slots, each IO's bytes then its
+        alignment padding): the bytes read into the IO's view, checked against the crc32c storage sent
+        (whatever check_arrival says), the rest of the view zeroed (a hole, or past the chunk's end); or
+        None: an error status, a malformed answer, bytes damaged on the way."""
+        out: list[int | None] = [None] * len(views)
+        if len(rsp.results) != len(views) * _RESULT_RECORD.size:
+            return out
+        have = len(payload) if payload is not None else 0
+        crc = crc32c.crc32c
+        at = 0
+        for i, (status, got, _, _, data_crc) in enumerate(_RESULT_RECORD.iter_unpack(rsp.results)):
+            view = views[i]
+            n = len(view)
+            start, at = at, at + _align(n)
+            if status or got > n or (got and start + got > have):  # (a payload ends after its last bytes)
+                continue
+            if got:
+                data = payload[start:start + got]
+                if crc(data) != data_crc:  # damaged between the server and here
+                    self.damaged_reads += 1
+                    continue
+                view[:got] = data
+            if got < n:
+                view[got:] = bytes(n - got)
+            out[i] = got
+        return out
 
     # -- one small read, in scalar Python ---------------------------------------------------------------
     # A read of one small IO (a FUSE request on its own, a file object's jump, a batch_read of one item)
@@ -254,12 +350,17 @@ class StorageClient:
     # plan, pack and check it with struct instead, with the same choices and checks; anything but a clean
     # answer is left to the batch path, which retries elsewhere and reports errors.
     def one_read_request(self, routing: Routing, chain_id: int, chunk_id: bytes, offset: int, n: int,
-                         turn: int) -> tuple[str, int, bytes] | None:
+                         turn: int, prefer: str | None = None) -> tuple[str, int, bytes] | None:
         """(service address, target, the IO record) of a read of n bytes (0 < n < SOLO_IO_BYTES_MIN) at
-        offset of a chunk, from the replica the turn picks (as _plan_small picks for a small IO), or None."""
+        offset of a chunk, from the replica on service `prefer` if the chain has one there, else from the one
+        the turn picks (as _plan_small picks for a small IO), or None."""
         found = self._replicas(routing, chain_id)
         if isinstance(found, ThreeFSError) or not found or not 0 < n < SOLO_IO_BYTES_MIN:
             return None
+        if prefer is not None:
+            for target, addr in found:
+                if addr == prefer:
+                    return addr, target, _IO_RECORD.pack(chain_id, target, chunk_id, offset, n)
         target, addr = found[turn % len(found)]
         return addr, target, _IO_RECORD.pack(chain_id, target, chunk_id, offset, n)
 
@@ -655,6 +756,19 @@ def _arrived_crcs(payload: Scatter, lengths: np.ndarray) -> list:
         out.append(digests[i] if i < len(digests) and len(parts[i]) == ln else None)
         i += 1 if ln % IO_BUFFER_ALIGN == 0 else 2
     return out
+
+
+def _batch_results(batch: ReadBatch, items: list[ReadItem]) -> None:
+    for k, it in enumerate(items):
+        err = batch.errors.get(k)
+        if err is not None:
+            it.error = err
+        else:
+            it.result = int(batch.got[k])
+
+
+def _align(n: int) -> int:
+    return (n + IO_BUFFER_ALIGN - 1) // IO_BUFFER_ALIGN * IO_BUFFER_ALIGN
 
 
 def take_retries(batch: ReadBatch, pending: np.ndarray) -> np.ndarray:
