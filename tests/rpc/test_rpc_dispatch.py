@@ -19,6 +19,7 @@ from threefs.rpc.blocking import BlockingConnection
 from threefs.rpc.client import RpcClient
 from threefs.rpc.frame import KIND_REQUEST, Header, body_encoder, encode_frame_head
 from threefs.rpc.server import CallContext, RpcServer, rpc, token_authenticator
+from threefs.testing.checks import wait_for
 
 TOKEN = "dispatch-token"
 VAR = contextvars.ContextVar("VAR", default="unset")
@@ -461,9 +462,7 @@ def test_the_answer_to_a_reads_last_request_goes_out_before_the_requests_bookkee
                     text = msgspec.msgpack.decode(header.body, type=Rsp).text  # valid until the next call
                     # the hook runs after the answer went out: wait for it before taking it away, else a
                     # fast client removes it before the server's loop gets to its bookkeeping
-                    deadline = time.monotonic() + 10
-                    while not observed and time.monotonic() < deadline:
-                        time.sleep(0.01)
+                    wait_for(lambda: observed, "the server's metrics hook to run", 10, interval=0.01)
                     server.metrics_hook = None
                     # two requests in one write: both answers arrive, the first one batched with the second
                     conn.sock.sendall(_raw_frames([(900, "d.now", Req("a"), None), (901, "d.now", Req("b"), None)]))
