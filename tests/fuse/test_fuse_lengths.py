@@ -8,6 +8,7 @@ a truncate (a newer version) lowers it."""
 
 from __future__ import annotations
 
+import collections
 import stat
 
 from threefs.client.fuse import MountOptions, ThreeFSOperations, to_fuse
@@ -18,6 +19,7 @@ def daemon() -> ThreeFSOperations:
     ops = ThreeFSOperations.__new__(ThreeFSOperations)  # the attribute logic alone: no mount, no cluster
     ops.options = MountOptions()
     ops._meta_length, ops._handles, ops._reported = {}, {}, {}
+    ops._epoch = collections.Counter()
     return ops
 
 

@@ -39,9 +39,10 @@ import msgspec
 import pyfuse3
 
 from threefs.client.batch import ReadCoalescer
+from threefs.client.fuse_store import PageStore
 from threefs.client.fuse_namespace import (CHANGED_DIR_FRESH_S, FUSE_ROOT, ChangedDirs, Namespace, decode,
                                            to_fuse)
-from threefs.client.stream import SEGMENT_BYTES_MAX, ReadAhead, WriteBehind, segment_bytes
+from threefs.client.stream import SEGMENT_BYTES_MAX, ReadAhead, WriteBehind, read_leased, segment_bytes
 from threefs.common import limits
 from threefs.common.buffers import BufferPool
 from threefs.common.status import StatusCode, ThreeFSError, errno_of
@@ -63,6 +64,7 @@ ZERO_PIECE_BYTES = limits.MiB  # zeros of a punched hole go to storage this many
 KERNEL_CHECKED = m.UserCred(0, 0, kernel_checked=True)  # requests without a caller (fallocate)
 
 
+PAGE_BYTES = 4096
 SMALL_READ_BYTES = 128 * limits.KiB  # smaller requests that do not continue the last one: no read-ahead
 DEFERRED_CLOSE_S = 0.2  # as client.py: an untouched write session ends in a batch at most this much later
 DEFERRED_CLOSES_MAX = 128
@@ -92,6 +94,12 @@ class MountOptions:
     # a directory's attributes from this daemon's own change of its entries answer the kernel's next
     # getattr of it within this many seconds (fuse_namespace.ChangedDirs); 0: meta answers every getattr
     changed_dir_s: float = CHANGED_DIR_FRESH_S
+    # a small buffered read that misses the page cache reads this aligned window around it and the
+    # kernel's page cache gets the rest (fuse_store); 0: off
+    read_around_bytes: int = 64 * limits.KiB
+    # ... of files no longer than this (None: a quarter of the machine's memory): the pages of a larger
+    # file read at random are mostly evicted before they are read again
+    read_around_file_max: int | None = None
 
 
 @dataclass
@@ -107,6 +115,7 @@ class Handle:
     truncated: bool = False  # the session's truncate version is stale: hints go with attr's
     # --direct-io: the first write through the handle clears the set-id bits (see _kill_privs)
     kill_privs: bool = False
+    direct: bool = False  # opened with O_DIRECT: its reads bypass the page cache
 
 
 @dataclass
@@ -176,6 +185,12 @@ class ThreeFSOperations(pyfuse3.Operations):
         self._tasks: set[asyncio.Task] = set()
         self.dir_cache = False  # the kernel caches listings (set when fuse_fallocate.install_dir_cache took)
         self._listed: dict[int, tuple] = {}  # fuse ino of a directory -> (mtime, ctime) at its last opendir
+        self._store = PageStore()  # read-around: pages for the kernel's page cache (fuse_store)
+        self._epoch = collections.Counter()  # fuse ino -> moves whenever stored pages could be stale
+        self._writers = collections.Counter()  # fuse ino -> its handles open for writing
+        self._around_file_max = options.read_around_file_max
+        if self._around_file_max is None:
+            self._around_file_max = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
         self.stats = collections.Counter()  # logged at unmount
         self.requests = collections.Counter()  # kernel requests per operation (fuse_errors), logged too
 
@@ -223,7 +238,10 @@ class ThreeFSOperations(pyfuse3.Operations):
         elif attr.type == m.FILE:
             self._note_length(e.st_ino, attr.truncate_ver, attr.length)
             e.st_size = self._length(e.st_ino, -1)  # the noted length: an older answer's own is stale
-            self._reported[e.st_ino] = (attr.length, attr.mtime_ns, attr.truncate_ver)
+            stamp = (attr.length, attr.mtime_ns, attr.truncate_ver)
+            if self._reported.get(e.st_ino) != stamp:
+                self._reported[e.st_ino] = stamp
+                self._epoch[e.st_ino] += 1
         else:
             e.st_size = 0
         e.st_blksize = attr.layout.chunk_size if attr.layout and attr.type == m.FILE else 4096
@@ -278,6 +296,7 @@ class ThreeFSOperations(pyfuse3.Operations):
                 self._cached.pop(ino, None)  # the kernel's inode is gone, and its pages with it
                 self._reported.pop(ino, None)
                 self._listed.pop(ino, None)
+                self._epoch.pop(ino, None)
 
     @fuse_errors
     async def getattr(self, inode, ctx=None):
@@ -330,7 +349,11 @@ class ThreeFSOperations(pyfuse3.Operations):
         for h in list(self._handles.values()):
             if h.ino == ino and h.writer is not None:
                 await h.writer.flush()  # written bytes land before the cut
-        attr = await self.ns.setattr(ino, user, length=length)
+        await self._changing_pages(ino)
+        try:
+            attr = await self.ns.setattr(ino, user, length=length)
+        finally:
+            await self._changing_pages(ino)  # a read-around that read before the cut stores nothing
         self._drop_read_ahead(ino)
         self._cached.pop(ino, None)
         for h in self._handles.values():
@@ -498,16 +521,19 @@ class ThreeFSOperations(pyfuse3.Operations):
         self._dirs.pop(fh, None)
 
     # -- files -----------------------------------------------------------------------------------
-    def _open_handle(self, ino: int, rsp: m.OpenRsp, flags: int, ctx) -> pyfuse3.FileInfo:
+    def _open_handle(self, ino: int, rsp: m.OpenRsp, flags: int, ctx, direct: bool = False) -> pyfuse3.FileInfo:
+        """The handle of an open (no await: what _changing_pages settled stays so until it is in place)."""
         writer = None
         seg = self._segment(rsp.attr.layout.chunk_size)
         if flags & os.O_ACCMODE != os.O_RDONLY or self.enable_writeback_cache:
             writer = WriteBehind(self.aio, rsp.attr, seg, self.options.write_behind_bytes)
+            self._writers[ino] += 1
         fh = next(self._fh)
         self._handles[fh] = Handle(ino, rsp.attr, rsp.session, writer,
                                    ReadAhead(self.aio, self._pool, seg, self.options.read_ahead_bytes,
                                              reader=self._reader),
-                                   kill_privs=writer is not None and self.options.direct_io and ctx.uid != 0)
+                                   kill_privs=writer is not None and self.options.direct_io and ctx.uid != 0,
+                                   direct=direct)
         return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io,
                                 keep_cache=self._keep_cache(ino, rsp.attr))
 
@@ -539,8 +565,10 @@ class ThreeFSOperations(pyfuse3.Operations):
 
     @fuse_errors
     async def open(self, inode, flags, ctx):
+        direct = bool(flags & os.O_DIRECT)
         flags &= OPEN_FLAGS_PASSED
         rsp = await self._stale_if_gone(self.ns.open(inode, flags, self.ns.user(ctx)))
+        await self._changing_pages(inode)
         if rsp.attr.nlink == 0 and rsp.attr.type == m.FILE:
             # unlinked since the kernel cached its name (another client renamed a file over it, or
             # removed it): ESTALE has the kernel look the name up again, as NFS clients do
@@ -550,15 +578,24 @@ class ThreeFSOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ESTALE)
         if rsp.attr.type != m.FILE:
             raise pyfuse3.FUSEError(errno.EISDIR if rsp.attr.type == m.DIRECTORY else errno.EINVAL)
-        return self._open_handle(inode, rsp, flags, ctx)
+        return self._open_handle(inode, rsp, flags, ctx, direct)
 
     @fuse_errors
     async def create(self, parent_inode, name, mode, flags, ctx):
+        direct = bool(flags & os.O_DIRECT)
         flags &= OPEN_FLAGS_PASSED
         rsp = await self._changing((parent_inode,), self.ns.create(parent_inode, decode(name), flags,
                                                                    stat.S_IMODE(mode), self.ns.user(ctx)))
+        await self._changing_pages(to_fuse(rsp.attr.inode))
         entry = self._found(rsp.attr)
-        return self._open_handle(entry.st_ino, rsp, flags, ctx), entry
+        return self._open_handle(entry.st_ino, rsp, flags, ctx, direct), entry
+
+    async def _changing_pages(self, ino: int) -> None:
+        """The file's pages may change now (an open, a truncate): read-arounds that began before store
+        nothing, and the stores already handed over are done when this returns (fuse_store)."""
+        self._epoch[ino] += 1
+        if self._store.busy(ino):
+            await self._store.settle(ino)
 
     @fuse_errors
     async def read(self, fh, off, size):
@@ -579,6 +616,10 @@ class ThreeFSOperations(pyfuse3.Operations):
             # event loop step; call_soon runs after that step, so buffers are reused only then.
             if random:  # a small read that continues nothing: read it alone, start no read-ahead
                 self.stats["random_reads"] += 1
+                around = self.options.read_around_bytes
+                if (around > n and not h.direct and not self.options.direct_io and off % PAGE_BYTES == 0
+                        and length <= self._around_file_max and not self._writers[h.ino]):
+                    return await self._read_around(h.ino, _with_length(h.attr, length), off, n, around)
                 return await self._read_alone(_with_length(h.attr, length), off, n)
             return await h.reader.read(_with_length(h.attr, length), off, n,
                                        asyncio.get_running_loop().call_soon)
@@ -586,16 +627,35 @@ class ThreeFSOperations(pyfuse3.Operations):
             self._reading -= 1
 
     async def _read_alone(self, attr: m.InodeAttr, off: int, n: int) -> memoryview:
-        lease = self._pool.acquire(n)
-        try:
-            got = await self._reader.read_into(attr, off, lease.view)
-        except asyncio.CancelledError:
-            raise  # the batch it joined may still fill the buffer: never reuse it (the GC frees it)
-        except BaseException:
-            lease.release()
-            raise
+        lease, got = await read_leased(self._pool, self._reader, attr, off, n)
         asyncio.get_running_loop().call_soon(lease.release)
         return lease.view[:got]
+
+    async def _read_around(self, ino: int, attr: m.InodeAttr, off: int, n: int, around: int) -> memoryview:
+        """A buffered small read that missed the page cache: read the aligned window around it in the
+        same one storage request, answer from it and store the rest of it in the kernel's page cache
+        (fuse_store: the rules that keep stored pages current)."""
+        self._store.reclaim()
+        start = off - off % around
+        end = min(max(start + around, off + n), attr.length)  # a request across two windows: to its end
+        epoch = self._epoch[ino]
+        lease, got = await read_leased(self._pool, self._reader, attr, start, end - start)
+        reply = lease.view[off - start:min(off - start + n, got)]
+        # the rest of the window goes to the page cache once the reply is in (call_soon runs after this
+        # step, in which pyfuse3 sends it), so that the requested pages are no longer locked: the whole
+        # window is one store (each store is a wake-up of the store thread and a take of the GIL)
+        asyncio.get_running_loop().call_soon(self._store_window, ino, epoch, start, start + got, n, lease)
+        return reply
+
+    def _store_window(self, ino: int, epoch: int, start: int, end: int, n: int, lease) -> None:
+        # never past what the kernel was told the length is (a store beyond it extends the kernel's)
+        stop = min(end, self._reported.get(ino, (0,))[0])
+        if stop - start > n and self._epoch[ino] == epoch and not self._writers[ino] and not self._store.full():
+            self.stats["reads_around"] += 1
+            self._store.submit(ino, [(start, lease.view[:stop - start])], lease)  # released once stored
+        else:
+            self.stats["reads_around_not_stored"] += 1
+            lease.release()
 
     @fuse_errors
     async def write(self, fh, off, buf):
@@ -604,6 +664,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         self.stats["write_bytes"] += len(buf)
         if h.writer is None:
             raise pyfuse3.FUSEError(errno.EBADF)
+        self._epoch[h.ino] += 1
         self._drop_read_ahead(h.ino)
         self._cached.pop(h.ino, None)  # the next open drops the pages: meta's stamp moves at publish
         if h.kill_privs:
@@ -646,6 +707,7 @@ class ThreeFSOperations(pyfuse3.Operations):
             raise OSError(errno.EINVAL, "fallocate: offset must be >= 0 and length > 0")
         end, size = offset + length, self._length(ino, h.attr.length)
         if kind:
+            await self._changing_pages(ino)
             self._drop_read_ahead(ino)
             self._cached.pop(ino, None)
             for pos in range(offset, min(end, size), ZERO_PIECE_BYTES):
@@ -704,6 +766,10 @@ class ThreeFSOperations(pyfuse3.Operations):
             if h.written_end >= 0:  # what it wrote keeps counting in _length once the handle is gone
                 self._note_length(h.ino, h.attr.truncate_ver, max(h.written_end, h.attr.length))
             del self._handles[fh]
+            if h.writer is not None:
+                self._writers[h.ino] -= 1
+                if self._writers[h.ino] <= 0:
+                    del self._writers[h.ino]
             h.reader.drop()
 
     async def release_all(self) -> None:

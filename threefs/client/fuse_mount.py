@@ -227,9 +227,9 @@ async def _serve(config, mnt: str, options) -> None:
 def _log_stats(ops) -> None:
     gate = ops._gate
     log.info("requests served: %s; small reads %d in %d storage batches; gate: %d reads in %d openings; "
-             "kernel requests: %s; meta calls: %s", dict(ops.stats), ops._coalescer.reads,
-             ops._coalescer.batches, gate.held if gate else 0, gate.batches if gate else 0,
-             dict(ops.requests), dict(ops.aio.meta_calls))
+             "kernel requests: %s; meta calls: %s; page cache stores: %s", dict(ops.stats),
+             ops._coalescer.reads, ops._coalescer.batches, gate.held if gate else 0,
+             gate.batches if gate else 0, dict(ops.requests), dict(ops.aio.meta_calls), dict(ops._store.stats))
 
 
 def _fast_wait_readable(pyfuse3_asyncio) -> None:

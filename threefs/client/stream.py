@@ -105,6 +105,19 @@ def _settle_future(task: asyncio.Task, fut: concurrent.futures.Future) -> None:
         fut.set_result(None)
 
 
+async def read_leased(pool: BufferPool, reader, attr, offset: int, size: int):
+    """(lease, bytes read): up to size bytes at offset read through `reader` into a buffer of `pool`. The
+    caller releases the lease once the bytes are used."""
+    lease = pool.acquire(size)
+    try:
+        return lease, await reader.read_into(attr, offset, lease.view)
+    except asyncio.CancelledError:
+        raise  # the batch it joined may still fill the buffer: never reuse it (the GC frees it)
+    except BaseException:
+        lease.release()
+        raise
+
+
 class ReadAhead:
     def __init__(self, aio, pool: BufferPool, segment_bytes: int, window_bytes: int, *, reader=None,
                  slack_bytes: int | None = None, window_start_bytes: int | None = None):
@@ -274,14 +287,7 @@ class ReadAhead:
 
     # -- plumbing --------------------------------------------------------------------------------
     async def _read_direct(self, attr, offset: int, size: int, release_later) -> memoryview:
-        lease = self._pool.acquire(size)
-        try:
-            got = await self._reader.read_into(attr, offset, lease.view)
-        except asyncio.CancelledError:
-            raise  # the batch it joined may still fill the buffer: never reuse it (the GC frees it)
-        except BaseException:
-            lease.release()
-            raise
+        lease, got = await read_leased(self._pool, self._reader, attr, offset, size)
         release_later(lease.release)
         return lease.view[:got]
 
