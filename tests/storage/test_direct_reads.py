@@ -192,3 +192,36 @@ def test_engine_read_direct(tmp_path, rng):
         eng.read_direct(fd, base, buf[:DIRECT_ALIGN])
     assert "closed" in str(err.value)
 
+
+
+def test_a_buffered_chunk_read_caches_no_other_chunks_block(tmp_path, rng):
+    """Kernel read-ahead is off on the data files: a buffered read of one chunk (the ordinary path: a
+    partial read, a chunk with an overlay, direct reads off) brings only its own bytes into the page
+    cache, never the next block's (another chunk). With read-ahead a whole-chunk read also cached all of
+    the next block, and a cold load then found that chunk's pages cached (test_cold_load flaked)."""
+    from threefs.storage.chunk_engine_v2 import ChunkEngineV2
+
+    skip_unless_cold_reads(tmp_path)
+    eng = ChunkEngineV2(str(tmp_path / "t"))
+    try:
+        ids = [chunk_id(7, k) for k in range(4)]
+        for cid in ids:
+            eng.write(cid, update_ver=1, chain_ver=1, offset=0, data=rng.randbytes(CS), chunk_size=CS)
+            eng.commit(cid, 1)
+        where = {}
+        for cid in ids:
+            (loc,), epoch = eng.read_locations([cid])
+            where[cid] = loc[:2]
+            eng.end_reads(epoch)
+        at = {loc: cid for cid, loc in where.items()}
+        fd0, base0 = min(where.values())
+        assert all((fd0, base0 + k * CS) in at for k in range(4)), "the blocks are not consecutive in one file"
+        path = Path(os.readlink(f"/proc/self/fd/{fd0}"))
+        drop_cache(tmp_path)
+        for k in range(2):  # one block, then the next: the pattern read-ahead follows (and ramps up)
+            data, _ = eng.read(at[(fd0, base0 + k * CS)], 0, CS)
+            assert len(data) == CS
+            assert _cached_pages((path, base0 + k * CS), CS) == CS // 4096
+            assert [_cached_pages((path, base0 + j * CS), CS) for j in range(k + 1, 4)] == [0] * (3 - k)
+    finally:
+        eng.close()
