@@ -8,13 +8,18 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 
 import msgspec
+import pytest
 
 from threefs.client.client import Client
-from threefs.common.status import ThreeFSError
+from threefs.cluster.routing import write_targets
+from threefs.common.ids import inode_chunk_range
+from threefs.common.status import StatusCode, ThreeFSError
 from threefs.rpc.schemas import meta as m
 from threefs.rpc.schemas import mgmtd as ms
+from threefs.rpc.schemas import storage as ss
 from threefs.testing.checks import wait_for
 
 MiB = 1 << 20
@@ -107,3 +112,63 @@ def test_gc_returns_space_and_dead_writers_are_pruned(private_cluster, tmp_path)
         wait_for(lambda: _used(fs) >= 3_000_000, "storage to report the data", 30, interval=0.2)
         fs.remove("/dead")
         wait_for(lambda: _used(fs) < MiB, "GC of the dead writer's file", 60, interval=0.2)
+
+
+def _requests(cluster, method: str, status: str = "OK") -> int:
+    """A method's requests answered with `status`, summed over the storage services' /metrics."""
+    total = 0
+    for name, port in cluster.existing_spec().metrics_ports.items():
+        if name.startswith("storage-"):
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            line = f'threefs_rpc_requests_total{{method="{method}",status="{status}"}} '
+            total += sum(int(float(x.split()[-1])) for x in text.splitlines() if x.startswith(line))
+    return total
+
+
+def test_gc_of_many_files_sends_one_request_per_chain_and_pass(private_cluster, rng):
+    """GC of many unlinked files (empty, one chunk, several chunks) removes all their chunks with one
+    storage.remove_ranges request per chain for a whole pass, where it sent one remove_range per file and
+    chain; remove_ranges refuses bad input with a message."""
+    cluster = private_cluster(meta_gc_delay_s=0.0)
+    with Client.connect(str(cluster.client_config_path)) as fs:
+        fs.mkdir("/many")
+        chunk = fs.stat("/many").layout.chunk_size
+        sizes = [0] * 150 + [rng.randint(1, 8192) for _ in range(45)] + [2 * chunk + 5] * 3
+        rng.shuffle(sizes)
+        for i, size in enumerate(sizes):
+            fs.write_bytes(f"/many/f{i}", os.urandom(size))
+        inodes = [fs.stat(f"/many/f{i}").inode for i in range(len(sizes))]
+        routing = fs.run(fs.aio.mgmtd.refresh(force=True))
+        chains = routing.table(1).chains
+
+        def chunks_left() -> int:  # of the first file that still has any, on any chain (0: none left)
+            for inode in inodes:
+                begin, end = inode_chunk_range(inode)
+                for c in chains:
+                    if fs.run(fs.aio.storage.last_chunk(c, begin, end)).chunk_id:
+                        return inode
+            return 0
+
+        assert chunks_left()
+        fs.remove_tree("/many")  # all files reach the GC queue at once (a pass takes 128 of them)
+        wait_for(lambda: not chunks_left(), "GC to remove every chunk of the files", 60, interval=0.3)
+        assert _requests(cluster, "storage.remove_range") == 0
+        batched = _requests(cluster, "storage.remove_ranges")
+        # one per chain and pass: each of the 2 meta servers collects its share of the 128 oldest files per
+        # pass, so a few passes of 4 chains; one request per file and chain would be 4 * 198
+        assert 0 < batched < len(sizes) // 2, (batched, len(sizes), len(chains))
+
+        chain = routing.chain(chains[0])
+        head = routing.target_addr(write_targets(chain)[0])
+
+        def remove_ranges(ranges):
+            req = ss.RemoveRangesReq(chain.chain_id, chain.version, ranges, chunk)
+            return fs.run(fs.aio.rpc.call(head, "storage.remove_ranges", req, ss.RemoveRangeRsp))[0]
+
+        assert remove_ranges([]).removed == 0
+        with pytest.raises(ThreeFSError) as e:
+            remove_ranges([(b"\x00" * 16, b"\xff" * 16)] * (ss.REMOVE_RANGES_MAX + 1))
+        assert e.value.code == StatusCode.INVALID_ARGUMENT and "at most 1024" in e.value.message
+        with pytest.raises(ThreeFSError) as e:
+            remove_ranges([(b"\x02" * 16, b"\x01" * 16)])
+        assert e.value.code == StatusCode.INVALID_ARGUMENT and "begins after its end" in e.value.message

@@ -3,6 +3,8 @@
 import errno
 import os
 
+import msgspec
+
 from meta_helpers import errno_of, run
 
 from threefs.meta import schema
@@ -118,6 +120,33 @@ def test_unlink_queues_gc_and_gc_done_forgets(meta):
             assert await raw_inode(store, f.inode) is None
             assert await store.gc_pending() == []
             await store.gc_done(entry)  # idempotent
+
+    run(main())
+
+
+def test_gc_done_many_forgets_files_in_batches_and_leaves_a_linked_inode_queued(meta):
+    async def main():
+        async with meta.store() as store:
+            files = [await create(store, f"/f{i}", i) for i in range(40)]
+            for i in range(40):
+                await store.unlink(f"/f{i}")
+            entries = await store.gc_pending(64)
+            assert sorted(e.inode for e in entries) == sorted(f.inode for f in files)
+            # a queue entry whose inode has a name (which only a bug would make): reported, left queued
+            live = await create(store, "/live", 1)
+            bogus = schema.GcEntry(live.inode, live.layout, 1, entries[-1].queued_ns + 1)
+
+            async def queue_bogus(tr):
+                tr.set(schema.gc_key(bogus), msgspec.msgpack.encode(bogus))
+
+            await store._kv.run(queue_bogus)
+            dropped, left = await store.gc_done_many(entries[:25] + [bogus] + entries[25:])
+            assert dropped == 40 and [(e.inode, "has names again" in why) for e, why in left] == [(live.inode, True)]
+            for f in files:
+                assert await raw_inode(store, f.inode) is None
+            assert [e.inode for e in await store.gc_pending(64)] == [live.inode]
+            assert (await store.stat("/live")).inode == live.inode
+            assert await store.gc_done_many(entries) == (0, [])  # idempotent
 
     run(main())
 

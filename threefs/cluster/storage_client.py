@@ -221,6 +221,34 @@ class StorageClient:
 
         return await self._retrying(f"remove of chunks on chain {chain_id}", attempt)
 
+    async def remove_ranges(self, chain_id: int, ranges: list[tuple[bytes, bytes]], chunk_size: int) -> int:
+        """remove_range for many [begin, end) ranges of one chain (GC of many files): one request per
+        REMOVE_RANGES_MAX ranges. A storage service without the call (an older one) gets one remove_range
+        per range instead."""
+        removed = 0
+        for i in range(0, len(ranges), ss.REMOVE_RANGES_MAX):
+            part = ranges[i:i + ss.REMOVE_RANGES_MAX]
+
+            async def attempt(routing: Routing, part=part) -> int:
+                chain = routing.chain(chain_id)
+                order = write_targets(chain)
+                if not order:
+                    raise status_error(StatusCode.NO_SERVING_TARGET, f"chain {chain_id} has no writable target")
+                req = ss.RemoveRangesReq(chain_id, chain.version, part, chunk_size)
+                rsp, _ = await self.rpc.call(routing.target_addr(order[0]), "storage.remove_ranges", req,
+                                             ss.RemoveRangeRsp, timeout=self.timeout * 4)
+                return rsp.removed
+
+            try:
+                removed += await self._retrying(f"remove of chunks of {len(part)} ranges on chain {chain_id}",
+                                                attempt)
+            except ThreeFSError as e:
+                if e.code != StatusCode.UNKNOWN_METHOD:
+                    raise
+                for begin, end in part:
+                    removed += await self.remove_range(chain_id, begin, end, chunk_size)
+        return removed
+
     async def last_chunk(self, chain_id: int, begin: bytes, end: bytes) -> ss.LastChunkRsp:
         async def attempt(routing: Routing) -> ss.LastChunkRsp:
             targets = serving_targets(routing.chain(chain_id))

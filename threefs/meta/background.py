@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from threefs.common.status import StatusCode, ThreeFSError
+from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.meta.data import DataOps
 from threefs.meta.ops_attr import LengthUpdate
 from threefs.meta.schema import DIRECTORY, GcEntry
@@ -31,8 +31,8 @@ from threefs.meta.store import MetaStore
 
 log = logging.getLogger(__name__)
 
-GC_BATCH = 32  # entries taken per GC pass
-GC_PARALLEL = 8  # entries collected at once (each removes chunks on every chain of its stripe)
+GC_BATCH = 128  # entries taken per GC pass (their files' chunks go in one request per chain)
+GC_PARALLEL = 8  # removed trees stepped through at once
 GC_DIR_STEPS_PER_PASS = 64  # pages of one removed tree moved per pass (others get their turn)
 CLIENT_FLUSH_S = 2.0
 CLIENT_FLUSH_BATCH = 512  # client records written per transaction
@@ -65,29 +65,35 @@ class GcWorker:
                 await asyncio.sleep(interval_s)
 
     async def pass_once(self) -> int:
-        """One pass over the ready part of the queue; returns the number of entries worked on."""
+        """One pass over the ready part of the queue; returns the number of entries worked on. The files of
+        a pass lose their chunks together (one request per chain for all of them, DataOps.remove_files) and
+        are forgotten GC_DONE_PER_TXN per transaction; a file a chain failed for stays queued, and the pass
+        then raises that error (after the rest is done), so the next pass comes after the usual pause."""
         cutoff_ns = self.clock_ns() - int(self.delay_s * 1e9)
         owns = self.owns()
         entries = [e for e in await self.store.gc_pending(GC_BATCH, cutoff_ns) if owns(e.inode)]
+        dirs = [e for e in entries if e.type == DIRECTORY]
+        files = [e for e in entries if e.type != DIRECTORY]
         limit = asyncio.Semaphore(GC_PARALLEL)
 
-        async def one(entry: GcEntry) -> None:
+        async def one_dir(entry: GcEntry) -> None:
             async with limit:
-                await self._collect(entry)
+                for _ in range(GC_DIR_STEPS_PER_PASS):
+                    if await self.store.gc_dir_step(entry):
+                        return
 
-        await asyncio.gather(*(one(e) for e in entries))
+        await asyncio.gather(*(one_dir(e) for e in dirs))
+        failed = await self.data.remove_files([(e.inode, e.layout) for e in files if e.layout is not None])
+        dropped, left = await self.store.gc_done_many([e for e in files if e.inode not in failed])
+        self.collected_files += dropped
+        if left:
+            entry, why = left[0]
+            raise status_error(StatusCode.INTERNAL, f"GC left {len(left)} files queued (inode {entry.inode}: {why})")
+        if failed:
+            inode, error = next(iter(failed.items()))
+            raise status_error(error.code, f"chunks of {len(failed)} of {len(files)} files not removed "
+                               f"(inode {inode}: {error.message}); they stay queued")
         return len(entries)
-
-    async def _collect(self, entry: GcEntry) -> None:
-        if entry.type == DIRECTORY:
-            for _ in range(GC_DIR_STEPS_PER_PASS):
-                if await self.store.gc_dir_step(entry):
-                    return
-            return
-        if entry.layout is not None:
-            await self.data.remove_from(entry.inode, entry.layout, 0)
-        await self.store.gc_done(entry)
-        self.collected_files += 1
 
 
 class ClientSessions:

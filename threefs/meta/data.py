@@ -56,6 +56,34 @@ class DataOps:
             await self.storage.truncate_chunk(chain_of_chunk(layout, index, table), chunk_id(inode, index),
                                               new_length % cs, cs)
 
+    async def remove_files(self, files: list[tuple[int, Layout]]) -> dict[int, ThreeFSError]:
+        """Drop all data of many files (GC): one remove_ranges request per chain (and chunk size) for all of
+        them, all chains in flight together, where one remove_from per file sent a request to every chain of
+        its stripe. Returns the files (inodes) not removed because a chain's request failed, with the error."""
+        if not files:
+            return {}
+        routing = await self.mgmtd.get()
+        per_chain: dict[tuple[int, int], list[tuple[bytes, bytes]]] = {}
+        inodes_of: dict[tuple[int, int], list[int]] = {}
+        for inode, layout in files:
+            table = routing.table(layout.table_id).chains
+            rng = inode_chunk_range(inode)
+            for c in {chain_of_chunk(layout, i, table) for i in range(layout.stripe)}:
+                key = (c, layout.chunk_size)
+                per_chain.setdefault(key, []).append(rng)
+                inodes_of.setdefault(key, []).append(inode)
+        keys = list(per_chain)
+        results = await asyncio.gather(*(self.storage.remove_ranges(c, per_chain[(c, cs)], cs) for c, cs in keys),
+                                       return_exceptions=True)
+        failed: dict[int, ThreeFSError] = {}
+        for key, r in zip(keys, results):
+            if isinstance(r, BaseException):
+                if not isinstance(r, ThreeFSError):
+                    raise r
+                for inode in inodes_of[key]:
+                    failed.setdefault(inode, r)
+        return failed
+
     async def file_end(self, inode: int, layout: Layout) -> int:
         """End of the file's data on storage: the highest (chunk index * chunk size + chunk length) over
         the last chunk of every chain of its stripe."""

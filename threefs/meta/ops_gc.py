@@ -11,7 +11,7 @@ So a tree of any size is removed in bounded transactions, and no recursion is ne
 
 from __future__ import annotations
 
-from threefs.common.status import StatusCode, status_error
+from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.kv import Transaction
 from threefs.meta import schema
 from threefs.meta.ops_remove import hand_to_gc, release_inode
@@ -72,6 +72,21 @@ async def gc_done(tr: Transaction, entry: GcEntry) -> bool:
     drop_inode(tr, inode_id)
     tr.clear_range(*schema.session_range(inode_id))
     return True
+
+
+async def gc_done_many(tr: Transaction, entries: list[GcEntry]) -> tuple[int, list[tuple[GcEntry, str]]]:
+    """gc_done for many collected files in one transaction. An entry whose inode has names again (which
+    would be a bug) is left queued and reported, without failing the others. Returns (entries dropped,
+    [(entry, why) left])."""
+    dropped, left = 0, []
+    for entry in entries:
+        try:
+            dropped += await gc_done(tr, entry)
+        except ThreeFSError as e:
+            if e.code != StatusCode.INTERNAL:
+                raise
+            left.append((entry, e.message))
+    return dropped, left
 
 
 async def gc_dir_step(tr: Transaction, entry: GcEntry, now_ns: int, page: int = GC_DIR_PAGE) -> bool:

@@ -59,6 +59,7 @@ DEFAULT_TABLE_ID = 1  # the chain table of the root's default layout (`threefs u
 STRIPE_DEFAULT_MAX = 16  # the root's default stripe is min(chains, this), as in 3FS's deploy example
 REFILL_ROUNDS_MAX = 8  # an operation needs at most one inode block and one slot block per attempt
 CLIENT_ID_CHARS_MAX = 64
+GC_DONE_PER_TXN = 16  # collected files forgotten per transaction (about 5 keys each; etcd's default Txn cap is 128 ops)
 
 
 class Caller(NamedTuple):
@@ -428,6 +429,17 @@ class MetaStore:
     async def gc_done(self, entry: GcEntry) -> None:
         """Forget a collected file: its GC entry and inode record go in one transaction. Idempotent."""
         await self._run(lambda tr: ops_gc.gc_done(tr, entry))
+
+    async def gc_done_many(self, entries: list[GcEntry]) -> tuple[int, list[tuple[GcEntry, str]]]:
+        """gc_done for many files, GC_DONE_PER_TXN per transaction. Returns (entries dropped, [(entry, why)
+        left queued]): an inode that has names again is a bug, reported, and keeps its entry."""
+        dropped, left = 0, []
+        for i in range(0, len(entries), GC_DONE_PER_TXN):
+            part = entries[i:i + GC_DONE_PER_TXN]
+            n, bad = await self._run(lambda tr, part=part: ops_gc.gc_done_many(tr, part))
+            dropped += n
+            left += bad
+        return dropped, left
 
     async def gc_dir_step(self, entry: GcEntry) -> bool:
         """Move one page of entries out of a removed directory; True once the directory is gone."""

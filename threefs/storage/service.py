@@ -863,14 +863,36 @@ class StorageService:
     # -- range operations (GC, truncate) ---------------------------------------------------------
     @rpc(ss.RemoveRangeReq)
     async def remove_range(self, ctx: CallContext, req: ss.RemoveRangeReq) -> ss.RemoveRangeRsp:
+        return await self._remove_ranges(ctx, req.chain_id, req.chain_ver, [(req.begin, req.end)],
+                                         req.chunk_size)
+
+    @rpc(ss.RemoveRangesReq)
+    async def remove_ranges(self, ctx: CallContext, req: ss.RemoveRangesReq) -> ss.RemoveRangeRsp:
+        """remove_range for many ranges at once (meta's GC of many files): the chunks found in all of them
+        are looked up in one disk call, then each is removed through the chain as remove_range does."""
+        if len(req.ranges) > ss.REMOVE_RANGES_MAX:
+            raise status_error(StatusCode.INVALID_ARGUMENT, f"remove_ranges got {len(req.ranges)} ranges; "
+                               f"at most {ss.REMOVE_RANGES_MAX} per request (split the request)")
+        for begin, end in req.ranges:
+            if begin > end:
+                raise status_error(StatusCode.INVALID_ARGUMENT, f"remove_ranges: range begins after its end "
+                                   f"({begin.hex()} > {end.hex()})")
+        return await self._remove_ranges(ctx, req.chain_id, req.chain_ver, req.ranges, req.chunk_size)
+
+    async def _remove_ranges(self, ctx: CallContext, chain_id: int, chain_ver: int,
+                             ranges: list[tuple[bytes, bytes]], chunk_size: int) -> ss.RemoveRangeRsp:
         self.fence.check()
-        chain = await self._chain_checked(req.chain_id, req.chain_ver)
-        me = self._my_target(chain)
-        metas = await self.disk(self.engines[me].iter_metas, req.begin, req.end)
+        chain = await self._chain_checked(chain_id, chain_ver)
+        engine = self.engines[self._my_target(chain)]
+        if not ranges:
+            return ss.RemoveRangeRsp(0)
+        if len(ranges) == 1:
+            metas = await self.disk(engine.iter_metas, ranges[0][0], ranges[0][1])
+        else:
+            metas = await self.disk(lambda: [m for b, e in ranges for m in engine.iter_metas(b, e)])
         removed = 0
         for meta in metas:
-            sub = ss.UpdateReq(req.chain_id, req.chain_ver, meta.chunk_id, ss.REMOVE,
-                               chunk_size=req.chunk_size)
+            sub = ss.UpdateReq(chain_id, chain_ver, meta.chunk_id, ss.REMOVE, chunk_size=chunk_size)
             await self.update(ctx, sub)
             removed += 1
         return ss.RemoveRangeRsp(removed)

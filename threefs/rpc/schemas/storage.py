@@ -122,6 +122,17 @@ class RemoveRangeRsp(msgspec.Struct):
     removed: int
 
 
+REMOVE_RANGES_MAX = 1024  # ranges one remove_ranges request may carry
+
+
+class RemoveRangesReq(msgspec.Struct):
+    """Many [begin, end) ranges of chunk ids on one chain (GC of many files): one request, one disk pass."""
+    chain_id: int
+    chain_ver: int
+    ranges: list[tuple[bytes, bytes]]
+    chunk_size: int
+
+
 class LastChunkReq(msgspec.Struct):
     chain_id: int
     begin: bytes
