@@ -48,6 +48,7 @@ RTS_TIMEOUT_S = 5.0  # request-to-send: send anyway when no grant comes (3FS doe
 # remembered as checked (see VerifiedChunks).
 VERIFY_WHOLE_BYTES_MAX = 8 << 20
 VERIFIED_ENTRIES_MAX = 65536
+REMOVE_PARALLEL = 16  # chunks of one remove_range(s) request removed through the chain at once
 # A read_packed of one IO covering a whole committed chunk of at least this size is sent straight from the
 # data file (os.sendfile) when the client asks for zero_copy; smaller ones are cheaper copied.
 ZERO_COPY_BYTES_MIN = 128 * 1024
@@ -890,12 +891,20 @@ class StorageService:
             metas = await self.disk(engine.iter_metas, ranges[0][0], ranges[0][1])
         else:
             metas = await self.disk(lambda: [m for b, e in ranges for m in engine.iter_metas(b, e)])
-        removed = 0
-        for meta in metas:
-            sub = ss.UpdateReq(chain_id, chain_ver, meta.chunk_id, ss.REMOVE, chunk_size=chunk_size)
-            await self.update(ctx, sub)
-            removed += 1
-        return ss.RemoveRangeRsp(removed)
+        # REMOVE_PARALLEL chunks at once through the chain (a GC pass of many large files brings thousands;
+        # one at a time, such a request outlived its timeout); the first failure is raised once all ended
+        limit = asyncio.Semaphore(REMOVE_PARALLEL)
+
+        async def remove(meta) -> None:
+            async with limit:
+                await self.update(ctx, ss.UpdateReq(chain_id, chain_ver, meta.chunk_id, ss.REMOVE,
+                                                    chunk_size=chunk_size))
+
+        results = await asyncio.gather(*(remove(meta) for meta in metas), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+        return ss.RemoveRangeRsp(len(metas))
 
     @rpc(ss.LastChunkReq)
     async def last_chunk(self, ctx: CallContext, req: ss.LastChunkReq) -> ss.LastChunkRsp:
