@@ -94,7 +94,7 @@ def add_mount_flags(p) -> None:
                    help="a small buffered read that misses the page cache reads the aligned window of this "
                         "many KiB around it, and the kernel's page cache keeps the window (default 64; files "
                         "longer than a quarter of the memory get none; 0 = off: for workloads that never "
-                        "re-read, which pay ~150 us of daemon CPU more per miss)")
+                        "re-read, which pay ~80-130 us of daemon CPU more per miss)")
     p.add_argument("--read-around-max-mb", type=int, default=-1,
                    help="read-around only for files of at most this many MiB (default -1: a quarter of "
                         "the machine's memory)")

@@ -10,11 +10,12 @@ table's index blocks) then become page cache hits in the reader's own process. F
 quarter of the machine's memory get no read-around (their pages would mostly be evicted before a re-read),
 and `--read-around-kb 0` turns it off.
 
-Costs, measured (benchmarks/mount_battery.py and a loop reading one 4 KiB page of each 128 KiB of a
-512 MiB file, so that nothing is ever re-read): a miss costs the daemon ~150 us more CPU with a 64 KiB
-window (the store thread's wake-up and GIL hand-offs are most of it; copying the pages in is ~10%). A
-128 KiB window would cost far more per miss: storage reads of 128 KiB and more take the client's
-batch path (cluster/storage_client.py SOLO_IO_BYTES_MIN), not its one-item path.
+Gain and cost, measured by benchmarks/fuse_read_around.py (the same cluster mounted with and without it,
+docs/fuse.md "Read-around"): random 4 KiB re-reads of a 128 MiB file ~12x the reads/s; a workload that
+never re-reads (every read the first of its window) 0.83x, the daemon spending ~80-130 us more CPU per
+miss, mostly the store thread's wake-up and GIL hand-offs. A 128 KiB window would cost far more per miss:
+storage reads of 128 KiB and more take the client's batch path (cluster/storage_client.py
+SOLO_IO_BYTES_MIN), not its one-item path.
 
 The store runs in a thread of its own, never in the event loop: the kernel writes a stored page under
 its page lock, and a page of the window may be locked by another read request that this daemon has not
