@@ -173,3 +173,15 @@ def test_files_longer_than_the_limit_get_no_read_around(extra_mount, fs, rng):
     assert pread(f"{mnt}/read-around-limit/big", 300 * KiB, 4096) == big[300 * KiB:304 * KiB]
     assert cached_pages(f"{mnt}/read-around-limit/small") == WINDOW // PAGE
     assert cached_pages(f"{mnt}/read-around-limit/big") == 1
+
+
+def test_another_clients_truncate_is_seen_by_the_next_open_after_stores_at_the_end(mdir, fs, rng):
+    path, tpath = mdir
+    data = rng.randbytes(MiB)
+    fs.write_bytes(f"{tpath}/f", data)
+    assert pread(f"{path}/f", MiB - 8192, 4096) == data[MiB - 8192:MiB - 4096]  # the last window stored
+    assert cached_pages(f"{path}/f") == WINDOW // PAGE
+    fs.truncate(f"{tpath}/f", 300 * KiB)
+    with open(f"{path}/f", "rb") as f:
+        assert os.fstat(f.fileno()).st_size == 300 * KiB
+        assert f.read() == data[:300 * KiB]

@@ -594,8 +594,8 @@ class ThreeFSOperations(pyfuse3.Operations):
         """The file's pages may change now (an open, a truncate): read-arounds that began before store
         nothing, and the stores already handed over are done when this returns (fuse_store)."""
         self._epoch[ino] += 1
-        if self._store.busy(ino):
-            await self._store.settle(ino)
+        while self._store.busy(ino):  # (a store handed over while this waited is waited for too: the
+            await self._store.settle(ino)  # caller goes on in the step of the last check, no await between)
 
     @fuse_errors
     async def read(self, fh, off, size):
@@ -652,7 +652,9 @@ class ThreeFSOperations(pyfuse3.Operations):
         stop = min(end, self._reported.get(ino, (0,))[0])
         if stop - start > n and self._epoch[ino] == epoch and not self._writers[ino] and not self._store.full():
             self.stats["reads_around"] += 1
-            self._store.submit(ino, [(start, lease.view[:stop - start])], lease)  # released once stored
+            epochs = self._epoch
+            self._store.submit(ino, [(start, lease.view[:stop - start])], lease,  # released once stored
+                               lambda: epochs.get(ino, 0) != epoch)
         else:
             self.stats["reads_around_not_stored"] += 1
             lease.release()

@@ -29,7 +29,9 @@ and every change of the length the kernel was told. Opens, truncates and falloca
 already handed to the thread to finish before they answer the kernel, so that a page stored from an
 older epoch is in the cache before the kernel drops or keeps pages at that open, never after. The stored
 range never reaches past the length the kernel was last told (a store past it would extend the kernel's
-size).
+size); and a store during which the epoch moved (a getattr may just have told the kernel a smaller size,
+which such a store would undo) invalidates the kernel's attributes of the file once it is in, so the
+kernel asks for them again.
 """
 
 from __future__ import annotations
@@ -61,16 +63,20 @@ class PageStore:
         self.queued = 0  # stores handed over and not done (read without the lock: a hint)
         self.stats = collections.Counter()  # read by the loop thread: approximate, logged at unmount
 
-    def submit(self, ino: int, pieces: list[tuple[int, memoryview]], lease) -> None:
+    def submit(self, ino: int, pieces: list[tuple[int, memoryview]], lease, moved=None) -> None:
         """Store `pieces` ((file offset, data) of ino) in the page cache; `lease` (the buffer they are
-        views of) is released by the loop (`reclaim`) once they are stored."""
+        views of) is released by the loop (`reclaim`) once they are stored. `moved()`, called in the store
+        thread once they are stored: whether the file changed meanwhile (its epoch moved); then the
+        kernel's attributes of the inode are invalidated, because a store that reaches past the kernel's
+        size extends it (and makes the kernel ignore replies to requests sent before it), and the size
+        may have just been lowered (a truncate another client made, learnt by a getattr)."""
         with self._lock:
             self._pending[ino] += 1
             self.queued += 1
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="fuse-page-store", daemon=True)
             self._thread.start()
-        self._queue.put((ino, pieces, lease))
+        self._queue.put((ino, pieces, lease, moved))
 
     def full(self) -> bool:
         return self.queued >= QUEUED_MAX
@@ -100,7 +106,7 @@ class PageStore:
 
     def _run(self) -> None:
         while True:
-            ino, pieces, lease = self._queue.get()
+            ino, pieces, lease, moved = self._queue.get()
             stored = 0
             for offset, data in pieces:
                 try:
@@ -116,6 +122,12 @@ class PageStore:
                     self.stats["store_errors"] += 1
                     break
             self.stats["stored_bytes"] += stored
+            if stored and moved is not None and moved():
+                try:
+                    pyfuse3.invalidate_inode(ino, attr_only=True)
+                    self.stats["attr_invalidations"] += 1
+                except OSError as e:  # ENOENT: the kernel forgot the inode
+                    log.debug("invalidating the attributes of inode %d: %s", ino, e)
             with self._lock:
                 self._finished.append(lease)
                 self.queued -= 1
