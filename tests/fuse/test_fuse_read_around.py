@@ -4,8 +4,9 @@ every byte read stays the file's current byte: at the file's end, with a writer 
 after another client's overwrite, after a truncate, and under concurrent random readers whose windows
 overlap pages locked by each other's requests.
 
-Which pages are cached is read with mincore(2) (test_fuse_cache.cached_pages); its open of the file
-waits for the stores already handed to the daemon's store thread, so the counts are exact.
+Which pages are cached is read with mincore(2) (test_fuse_cache.cached_pages) after an open for writing,
+which waits for the stores already handed to the daemon's store thread (a read-only open of an unchanged
+file does not), so the counts are exact.
 """
 
 from __future__ import annotations
@@ -15,11 +16,18 @@ import os
 import random
 import threading
 
-from test_fuse_cache import cached_pages
+from test_fuse_cache import cached_pages as cached_now
 
 KiB, MiB = 1 << 10, 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
 WINDOW = 64 * KiB  # MountOptions.read_around_bytes
+
+
+def cached_pages(path: str) -> int:
+    """The file's cached pages once the daemon's stores of it so far are in (an open for writing waits
+    for them)."""
+    os.close(os.open(path, os.O_WRONLY))
+    return cached_now(path)
 
 
 def pread(path: str, offset: int, n: int) -> bytes:

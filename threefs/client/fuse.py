@@ -568,7 +568,12 @@ class ThreeFSOperations(pyfuse3.Operations):
         direct = bool(flags & os.O_DIRECT)
         flags &= OPEN_FLAGS_PASSED
         rsp = await self._stale_if_gone(self.ns.open(inode, flags, self.ns.user(ctx)))
-        await self._changing_pages(inode)
+        stamp = (rsp.attr.length, rsp.attr.mtime_ns, rsp.attr.truncate_ver)
+        if (flags & os.O_ACCMODE != os.O_RDONLY or self.enable_writeback_cache or self._cached.get(inode) != stamp
+                or self._reported.get(inode, stamp) != stamp):
+            # the kernel may drop the pages at this open, or a writer comes: see _changing_pages (a
+            # read-only open of a file as its pages are keeps them, and what is being stored is current)
+            await self._changing_pages(inode)
         if rsp.attr.nlink == 0 and rsp.attr.type == m.FILE:
             # unlinked since the kernel cached its name (another client renamed a file over it, or
             # removed it): ESTALE has the kernel look the name up again, as NFS clients do

@@ -23,11 +23,13 @@ answered yet (queued in the kernel or in flight here), which the loop must stay 
 
 Consistency (ThreeFSOperations._read_around, _store_window, _changing_pages): data is stored only when no
 handle of this daemon has the file open for writing (so no page can hold a newer write than the storage
-read) and when nothing moved the file's *epoch* since the storage read began: every open (meta reports
-the file's stamp, and the kernel may drop its pages at that open), every write, truncate and hole punch,
-and every change of the length the kernel was told. Opens, truncates and fallocate wait for the stores
-already handed to the thread to finish before they answer the kernel, so that a page stored from an
-older epoch is in the cache before the kernel drops or keeps pages at that open, never after. The stored
+read) and when nothing moved the file's *epoch* since the storage read began: an open at which the
+kernel may drop the file's pages (meta's stamp of the file differs from the one its pages are of) or
+that is for writing, every write, truncate and hole punch, and every change of the length the kernel was
+told. Those opens, truncates and fallocate wait for the stores already handed to the thread to finish
+before they answer the kernel, so that a page stored from an older epoch is in the cache before the
+kernel drops or keeps pages at that open, never after. A read-only open of a file as its pages are
+neither moves the epoch nor waits: what is being stored is still the file's. The stored
 range never reaches past the length the kernel was last told (a store past it would extend the kernel's
 size); and a store during which the epoch moved (a getattr may just have told the kernel a smaller size,
 which such a store would undo) invalidates the kernel's attributes of the file once it is in, so the
