@@ -124,12 +124,14 @@ class PageStore:
                     self.stats["store_errors"] += 1
                     break
             self.stats["stored_bytes"] += stored
-            if stored and moved is not None and moved():
-                try:
+            try:
+                if stored and moved is not None and moved():
                     pyfuse3.invalidate_inode(ino, attr_only=True)
                     self.stats["attr_invalidations"] += 1
-                except OSError as e:  # ENOENT: the kernel forgot the inode
-                    log.debug("invalidating the attributes of inode %d: %s", ino, e)
+            except OSError as e:  # ENOENT: the kernel forgot the inode
+                log.debug("invalidating the attributes of inode %d: %s", ino, e)
+            except Exception:  # (as above: the thread must go on)
+                log.exception("invalidating the attributes of inode %d", ino)
             with self._lock:
                 self._finished.append(lease)
                 self.queued -= 1
