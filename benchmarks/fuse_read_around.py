@@ -26,26 +26,14 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from benchmarks.fuse_profile import cpu_s  # noqa: E402
+from benchmarks.mount_battery import drop_client_cache as drop  # noqa: E402
 from threefs.cli.cluster import LocalCluster  # noqa: E402
 from threefs.client import fuse_mount  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 SPACING = 128 * KiB
 THREADS = 4
-
-
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def drop(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def misses_only(path: str, size: int, seed: int) -> tuple[float, int]:

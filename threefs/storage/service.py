@@ -887,12 +887,9 @@ class StorageService:
         engine = self.engines[self._my_target(chain)]
         if not ranges:
             return ss.RemoveRangeRsp(0)
-        if len(ranges) == 1:
-            metas = await self.disk(engine.iter_metas, ranges[0][0], ranges[0][1])
-        else:
-            metas = await self.disk(lambda: [m for b, e in ranges for m in engine.iter_metas(b, e)])
+        metas = await self.disk(lambda: [m for b, e in ranges for m in engine.iter_metas(b, e)])
         # REMOVE_PARALLEL chunks at once through the chain (a GC pass of many large files brings thousands;
-        # one at a time, such a request outlived its timeout); the first failure is raised once all ended
+        # one at a time, such a request could outlast its timeout); the first failure is raised once all ended
         limit = asyncio.Semaphore(REMOVE_PARALLEL)
 
         async def remove(meta) -> None:
