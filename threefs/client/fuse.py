@@ -305,13 +305,18 @@ class ThreeFSOperations(pyfuse3.Operations):
             self.stats["getattr_from_change"] += 1
             return self.entry(kept)
         if not self.enable_writeback_cache:  # the kernel asks us for mtime: publish what was written
-            for h in list(self._handles.values()):
-                if h.ino == inode and h.written_end > h.published_end:
-                    await self._sync(h, end_session=False)
+            await self._publish_writes(inode)
         attr = await self._stale_if_gone(self.ns.getattr(inode, self.ns.user(ctx)))
         if attr.type == m.DIRECTORY:
             self.changed.forget(inode)
         return self.entry(attr)
+
+    async def _publish_writes(self, ino: int) -> None:
+        """The writes of this daemon's handles of `ino` on storage and their length published (3FS's
+        sync_on_stat): meta's mtime and length are then those of the writes so far."""
+        for h in list(self._handles.values()):
+            if h.ino == ino and h.written_end > h.published_end:
+                await self._sync(h, end_session=False)
 
     @staticmethod
     async def _stale_if_gone(call):
@@ -325,6 +330,11 @@ class ThreeFSOperations(pyfuse3.Operations):
     @fuse_errors
     async def setattr(self, inode, attr, fields, fh, ctx):
         user = self.ns.user(ctx)
+        if fields.update_mtime:
+            # A time set explicitly (tar, cp -p and rsync set it on the open file before closing it) must
+            # not be moved by the publication of writes made before it: meta moves mtime to its clock when
+            # a length is published. So they are published first, as a getattr does.
+            await self._publish_writes(inode)
         if fields.update_size:
             await self._truncate(inode, attr.st_size, user)
         changes = {}
