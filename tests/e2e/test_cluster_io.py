@@ -226,3 +226,55 @@ def test_create_truncating_an_existing_file_removes_its_data(fs, d, rng):
     assert fs.read_bytes(f"{d}/f") == b"short" + bytes(len(old) - 5)
     fs.write_bytes(f"{d}/new", b"x")  # and of a new name
     assert fs.read_bytes(f"{d}/new") == b"x" and fs.stat(f"{d}/new").length == 1
+
+
+def test_read_answers_carry_no_stale_pool_bytes(fs, d, rng):
+    """A storage read answer is a pooled buffer that held earlier answers (other files' bytes): alignment pads
+    between slots, the slots of failed IOs and the tails of short reads are sent as zeros, on the packed path
+    and the per-IO one. Each is asked right after an answer that filled the same pooled buffer with data."""
+    data = bytes(b | 1 for b in _data(rng, 2 * CS))  # no zero byte: a stale byte cannot pass for a zero
+    fs.write_bytes(f"{d}/f", data)
+    attr = fs.stat(f"{d}/f")
+    aio = fs.aio
+
+    async def check():
+        routing = await aio.mgmtd.refresh(force=True)
+        chain = routing.chain(chain_of_chunk(attr.layout, 0, routing.table(attr.layout.table_id).chains))
+        target = chain.targets[0].target_id
+        addr, cid = routing.target_addr(target), chunk_id(attr.inode, 0)
+
+        def packed(ios):
+            return ss.PackedReadReq(b"".join(ss_pack_io(chain.chain_id, t, c, o, n) for t, c, o, n in ios))
+
+        for _ in range(3):
+            # fill the pool's buffer of this size with file bytes
+            await aio.rpc.call(addr, "storage.read_packed", packed([(target, cid, 0, 16 * 1024)]),
+                               ss.PackedReadRsp)
+            ios = [(target, cid, 0, 100),            # slot [0, 128): 100 bytes, then a 28-byte pad
+                   (target + 10_000, cid, 0, 4096),  # slot [128, 4224): a target not here: an error
+                   (target, cid, CS - 50, 4000),     # slot [4224, 8256): 50 bytes, the end of the chunk
+                   (target, cid, 4096, 4096)]        # slot [8256, 12352): 4096 bytes
+            rsp, payload = await aio.rpc.call(addr, "storage.read_packed", packed(ios), ss.PackedReadRsp)
+            body = bytes(payload)
+            assert body[:100] == data[:100] and body[100:128] == bytes(28)
+            assert body[128:4224] == bytes(4096), "a failed IO's slot carries stale bytes"
+            assert body[4224:4274] == data[CS - 50:CS] and body[4274:8256] == bytes(3982)
+            assert body[8256:12352] == data[4096:8192]
+
+            # the per-IO path (storage.batch_read): slots packed after each result, pads between them
+            await aio.rpc.call(addr, "storage.batch_read", ss.BatchReadReq(
+                [ss.ReadIO(chain.chain_id, target, cid, 0, 16 * 1024)]), ss.BatchReadRsp)
+            rsp, payload = await aio.rpc.call(addr, "storage.batch_read", ss.BatchReadReq(
+                [ss.ReadIO(chain.chain_id, target, cid, 0, 100), ss.ReadIO(chain.chain_id, target, cid, 200, 64)]),
+                ss.BatchReadRsp)
+            body = bytes(payload)
+            assert [r.length for r in rsp.results] == [100, 64]
+            assert body[:100] == data[:100] and body[100:128] == bytes(28) and body[128:192] == data[200:264]
+
+    fs.run(check())
+
+
+def ss_pack_io(chain_id: int, target_id: int, cid: bytes, offset: int, length: int) -> bytes:
+    import struct
+
+    return struct.pack(ss.READ_IO_FORMAT, chain_id, target_id, cid, offset, length)

@@ -154,6 +154,15 @@ _RESULT_BYTES = ss.READ_RESULT_BYTES
 
 
 _ALIGN = IO_BUFFER_ALIGN
+_ALIGN_MASK = _ALIGN - 1
+
+
+def _zero_slots(out: memoryview, arr, ends, ks) -> None:
+    """Zero the payload slots of IOs `ks` that failed as a group: the response carries every slot up to the
+    last one read, and a pooled buffer holds bytes of earlier requests (other files' data)."""
+    for k in ks:
+        start = ends[k] - align_up(arr[k][4])
+        out[start:ends[k]] = bytes(ends[k] - start)
 
 
 def unpack_read_ios(packed: bytes) -> list[tuple[int, int, bytes, int, int]]:
@@ -597,6 +606,7 @@ class StorageService:
                 for k in ks:
                     pack(results, k * _RESULT_BYTES, int(StatusCode.TARGET_NOT_FOUND), 0, 0, 0, 0)
                 messages.update(dict.fromkeys(ks, f"target {tid} is not on node {node}"))
+                _zero_slots(out, arr, ends, ks)
                 continue
             target = targets.get(tid)
             try:
@@ -606,6 +616,7 @@ class StorageService:
                 for k in ks:
                     pack(results, k * _RESULT_BYTES, int(e.code), 0, 0, 0, 0)
                 messages.update(dict.fromkeys(ks, e.message))
+                _zero_slots(out, arr, ends, ks)
                 continue
             if allow_uncommitted or not hasattr(engine, "read_locations"):
                 left = self._read_packed(arr, ks, ends, routing, allow_uncommitted, out, results,
@@ -645,6 +656,8 @@ class StorageService:
         try:
             for k, (_, _, cid, off, ln), loc in zip(ks, ios, locs):
                 s = ends[k] - (ln + _ALIGN - 1) // _ALIGN * _ALIGN
+                if ln & _ALIGN_MASK:  # the slot's alignment pad is sent too: zeros, never stale pool bytes
+                    zero.append((s + ln, ends[k] - s - ln))
                 if not loc:
                     if loc is None:  # never written, or removed: a hole (the client fills zeros)
                         zero.append((s, ln))
@@ -708,9 +721,11 @@ class StorageService:
             chain_id, target_id, chunk_id, offset, length = io = arr[k]
             at = k * ss.READ_RESULT_BYTES
             engine = engines.get(target_id)
+            start = ends[k] - align_up(length)
             if engine is None:
                 pack(results, at, int(StatusCode.TARGET_NOT_FOUND), 0, 0, 0, 0)
                 messages[k] = f"target {target_id} is not on node {node}"
+                out[start:ends[k]] = bytes(ends[k] - start)
                 continue
             if routing is None:
                 refused[target_id] = None
@@ -726,8 +741,8 @@ class StorageService:
             if why is not None:
                 pack(results, at, int(why.code), 0, 0, 0, 0)
                 messages[k] = why.message
+                out[start:ends[k]] = bytes(ends[k] - start)
                 continue
-            start = ends[k] - align_up(length)
             dest = out[start:start + length]
             try:
                 if allow_uncommitted:
@@ -750,8 +765,9 @@ class StorageService:
             pack(results, at, status, got, commit_ver, chunk_crc, data_crc)
             if status:
                 messages[k] = message
-            elif got < length:
-                dest[got:] = bytes(length - got)  # the slot's tail is sent: never stale pool bytes
+                got = 0  # what an error left in the slot is not sent as data either
+            if got < ends[k] - start:  # the slot's tail and pad are sent: zeros, never stale pool bytes
+                out[start + got:ends[k]] = bytes(ends[k] - start - got)
         return blocked
 
     @staticmethod
@@ -800,6 +816,8 @@ class StorageService:
             results.append(self._read_one(engine, io, target.public_state if target else None,
                                           req.allow_uncommitted, out[pos:pos + io.length], nowait,
                                           target is not None and target.admin_offline, self.verified))
+            if pos > end:  # the pad before this IO's bytes is sent: zeros, never stale pool bytes
+                out[end:pos] = bytes(pos - end)
             end = pos + results[-1].length
             pos = align_up(end)
         return results, end
