@@ -78,6 +78,7 @@ JOURNAL_FLUSH_RECORDS = 4096  # the journal is flushed into SQLite (one transact
 JOURNAL_FLUSH_BYTES = 2 * MiB  # ... or bytes (it is replayed at start-up: this bounds that time)
 _JHEAD = struct.Struct("<II")  # journal record: payload length, CRC32C of the payload
 JOURNAL_FILES = ("journal", "journal.1")  # appends go to one; the other holds records a flush is writing
+INLINE_ZERO_FILL_MAX = MiB // 16  # an inline write (see `inline`) zero-fills at most this much before its bytes
 JOURNAL_FORCE_FACTOR = 4  # past this many times the limit, an update flushes inline (flushes fail or lag)
 CACHE_MAX = 1 << 18  # chunk states kept in memory (write-through; cleared when full)
 METADATA_HEADROOM = 4 * MiB  # data may not take the last bytes: commits and removals must still fit
@@ -327,8 +328,11 @@ def _chunk_op(fn):
     def run(self, chunk_id, *args, **kwargs):
         if not isinstance(chunk_id, bytes):
             return fn(self, chunk_id, *args, **kwargs)  # refused by its checks
+        inline = self._inline_now()
         with self._lock:
             while chunk_id in self._moving or chunk_id in self._busy:
+                if inline:  # an event loop's thread never waits here: the caller hands it to a thread
+                    raise BlockingIOError(f"chunk {chunk_id.hex()} is busy")
                 self._waiters += 1
                 try:
                     self._moved.wait()
@@ -338,7 +342,8 @@ def _chunk_op(fn):
         try:
             result = fn(self, chunk_id, *args, **kwargs)
             self._durable()  # fsync: the journal on disk up to this update's records (group commit)
-            self._flush_owed()  # a flush this update owes, outside the engine lock
+            if not inline:  # inline: the caller has a thread flush (flush_due, flush_owed)
+                self._flush_owed()  # a flush this update owes, outside the engine lock
             return result
         finally:
             with self._lock:
@@ -368,6 +373,7 @@ class ChunkEngineV2:
         self._busy: dict[bytes, int] = {}  # chunks with an update running (one at a time per chunk)
         self._waiters = 0  # threads waiting in _chunk_op
         self._moving: set[bytes] = set()  # chunks compaction is moving
+        self._local = threading.local()  # .inline: this thread runs updates inline (see `inline`)
         self._closed = True
         os.makedirs(self.path, exist_ok=True)
         self._lock_fd = _lock_target(self.path)
@@ -644,7 +650,7 @@ class ChunkEngineV2:
         if not self._batch and (self._journal_records >= JOURNAL_FLUSH_RECORDS
                                 or self._journal_bytes >= JOURNAL_FLUSH_BYTES):
             self._flush_due = True
-            if ((self._journal_records >= JOURNAL_FORCE_FACTOR * JOURNAL_FLUSH_RECORDS
+            if not self._inline_now() and ((self._journal_records >= JOURNAL_FORCE_FACTOR * JOURNAL_FLUSH_RECORDS
                  or self._journal_bytes >= JOURNAL_FORCE_FACTOR * JOURNAL_FLUSH_BYTES)
                     and self._flush_mutex.acquire(blocking=False)):
                 try:
@@ -1319,7 +1325,11 @@ class ChunkEngineV2:
         if st is None or st.pos is None or full_replace or (offset == 0 and len(view) >= clen):
             length = len(view) if full_replace else max(clen, end)
             if st is not None and st.pos is not None and not full_replace and length > end:
+                if self._inline_now():
+                    raise BlockingIOError(f"chunk {chunk_id.hex()}: the write copies older bytes")
                 return self._write_copy(chunk_id, st, offset, view, length, update_ver, chain_ver, tag, data_crc)
+            if offset > INLINE_ZERO_FILL_MAX and self._inline_now():
+                raise BlockingIOError(f"chunk {chunk_id.hex()}: the write zero-fills {offset} bytes")
             pos = self._alloc(length)
             try:
                 if offset:
@@ -1332,11 +1342,15 @@ class ChunkEngineV2:
             return self._install(chunk_id, st, Pending(update_ver, chain_ver, length, crc, pos, None, False, tag),
                                  [pos])
         if st.ov is None and offset >= clen and end <= block_size(pos_class(st.pos)):
+            if offset - clen > INLINE_ZERO_FILL_MAX and self._inline_now():
+                raise BlockingIOError(f"chunk {chunk_id.hex()}: the write zero-fills {offset - clen} bytes")
             self._pwrite_zeros(st.pos, clen, offset - clen)
             self._pwrite(st.pos, offset, [view])
             crc = _crc_after(_crc_zeros(offset - clen, st.crc), offset, view, data_crc)
             return self._install(chunk_id, st, Pending(update_ver, chain_ver, end, crc, st.pos, None, False, tag),
                                  [], (st.pos,))
+        if self._inline_now():  # both ways from here read the chunk's older bytes: maybe from the disk
+            raise BlockingIOError(f"chunk {chunk_id.hex()}: the write reads older bytes")
         if st.ov is None and end <= clen and 0 < 2 * len(view) <= clen:
             ov_pos = self._alloc(len(view))
             try:
@@ -1445,6 +1459,42 @@ class ChunkEngineV2:
         _check_chunk_id(chunk_id)
         self._drop_pending(chunk_id)
 
+    # -- updates on an event loop's thread ----------------------------------------------------------
+    @property
+    def inline_capable(self) -> bool:
+        """Whether small updates may run on the caller's thread (`inline`): not with fsync (every update
+        waits for the disk then)."""
+        return not self._fsync
+
+    @contextmanager
+    def inline(self):
+        """Run write / commit calls on this thread only if they need no wait: no read of a chunk's older
+        bytes (they may be on the disk only), no fold of an overlay, no wait for another update of the chunk
+        or for compaction's move of it, no journal flush into SQLite (`flush_due` says one is owed: the
+        caller runs `flush_owed` in a thread). Such a call raises BlockingIOError instead, having changed
+        nothing that a rerun in a thread would not change the same way (a write's dropped pending version
+        is dropped by its rerun too). What remains are writes into the page cache: a storage service runs
+        small updates this way on its event loop, sparing two thread hand-offs per replica."""
+        if self._fsync:
+            raise BlockingIOError("fsync: updates wait for the disk")
+        self._local.inline = True
+        try:
+            yield
+        finally:
+            self._local.inline = False
+
+    def _inline_now(self) -> bool:
+        return getattr(self._local, "inline", False)
+
+    @property
+    def flush_due(self) -> bool:
+        """The journal is long enough that an update owes a flush into SQLite (see `inline`)."""
+        return self._flush_due
+
+    def flush_owed(self) -> None:
+        """The flush an inline update left owed (run it in a thread: it writes SQLite)."""
+        self._flush_owed()
+
     # -- commit ----------------------------------------------------------------------------------
     @_chunk_op
     def commit(self, chunk_id: bytes, update_ver: int, *, chain_ver: int | None = None) -> ChunkMeta | None:
@@ -1456,6 +1506,8 @@ class ChunkEngineV2:
             p = st.p if st is not None else None
             if p is None or p.update_ver != update_ver:
                 return self._commit_mismatch(chunk_id, update_ver, st)
+            if p.ov is not None and not p.remove and self._inline_now():
+                raise BlockingIOError(f"chunk {chunk_id.hex()}: the commit folds an overlay (disk IO)")
             if p.remove:
                 new = None
             else:

@@ -154,6 +154,9 @@ class TargetStat(msgspec.Struct):
 class StatusRsp(msgspec.Struct):
     node_id: int
     targets: list[TargetStat]
+    # updates (writes, commits) run on the service's event loop / handed to a disk thread after trying /
+    # inline ones that were slow (each pauses inline updates): StorageService.inline_stats
+    inline_updates: dict[str, int] = {}
 
 
 class SyncDumpReq(msgspec.Struct):
