@@ -7,6 +7,7 @@ uid 65534 and failed them all on a mount made with the defaults (EACCES at every
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -87,3 +88,37 @@ def test_a_write_by_another_user_clears_set_id_bits_with_direct_io(mount_with):
             os.chmod(path, mode)
             f.write("y")
         assert stat.S_IMODE(os.stat(path).st_mode) == mode, name
+
+
+def test_a_written_file_loses_its_capability_even_after_cached_answers(mdir, fs):
+    """The kernel asks for security.capability before each write(2) (and removes it when there is one): the
+    daemon answers "none" itself for a file it created or that meta said has none, and stops doing so once
+    a capability is set through it. A file with one set loses it at the next write, as on a local disk."""
+    import struct
+
+    path, fspath = mdir
+    caps = struct.pack("<IIIII", 0x02000001, 1 << 10, 0, 0, 0)  # VFS_CAP_REVISION_2, effective: net_bind_service
+    with open(f"{path}/f", "wb") as f:  # created here: known to have none
+        for _ in range(5):
+            f.write(b"x" * 1000)
+            f.flush()
+    with pytest.raises(OSError) as e:
+        os.getxattr(f"{path}/f", "security.capability")
+    assert e.value.errno == errno.ENODATA
+    os.setxattr(f"{path}/f", "security.capability", caps)
+    assert os.getxattr(f"{path}/f", "security.capability") == caps
+    assert _meta_xattr(fs, "get", f"{fspath}/f", "security.capability").value == caps
+    with open(f"{path}/f", "r+b") as f:
+        f.write(b"y")
+        f.flush()
+    with pytest.raises(OSError) as e:
+        os.getxattr(f"{path}/f", "security.capability")
+    assert e.value.errno == errno.ENODATA
+    assert _meta_xattr(fs, "list", f"{fspath}/f").names == []  # meta's own record, not a cached answer
+    assert open(f"{path}/f", "rb").read() == b"y" + b"x" * 4999
+
+
+def _meta_xattr(fs, op: str, path: str, name: str = ""):
+    from threefs.rpc.schemas import meta as m
+
+    return fs.run(fs.aio.meta_call("xattr", m.XattrReq(op, path, name), m.XattrRsp))

@@ -31,6 +31,7 @@ import functools
 import itertools
 import logging
 import os
+import time
 import select
 import stat
 from dataclasses import dataclass, field
@@ -65,6 +66,7 @@ KERNEL_CHECKED = m.UserCred(0, 0, kernel_checked=True)  # requests without a cal
 
 
 PAGE_BYTES = 4096
+CAPABILITY_XATTR = "security.capability"
 SMALL_READ_BYTES = 128 * limits.KiB  # smaller requests that do not continue the last one: no read-ahead
 DEFERRED_CLOSE_S = 0.2  # as client.py: an untouched write session ends in a batch at most this much later
 DEFERRED_CLOSES_MAX = 128
@@ -193,6 +195,9 @@ class ThreeFSOperations(pyfuse3.Operations):
             self._around_file_max = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
         self.stats = collections.Counter()  # logged at unmount
         self.requests = collections.Counter()  # kernel requests per operation (fuse_errors), logged too
+        # fuse ino -> time.monotonic() until which the file is known to have no security.capability (the
+        # kernel asks before every write(2) to a file: file_remove_privs); see getxattr
+        self._no_caps: dict[int, float] = {}
 
     def init(self) -> None:
         self.initialized.set()
@@ -297,6 +302,7 @@ class ThreeFSOperations(pyfuse3.Operations):
                 self._reported.pop(ino, None)
                 self._listed.pop(ino, None)
                 self._epoch.pop(ino, None)
+                self._no_caps.pop(ino, None)
 
     @fuse_errors
     async def getattr(self, inode, ctx=None):
@@ -432,11 +438,28 @@ class ThreeFSOperations(pyfuse3.Operations):
     # -- extended attributes ---------------------------------------------------------------------
     @fuse_errors
     async def getxattr(self, inode, name, ctx):
-        rsp = await self.ns.xattr(inode, m.XATTR_GET, self.ns.user(ctx), decode(name))
+        name = decode(name)
+        caps = name == CAPABILITY_XATTR
+        if caps and self._no_caps.get(inode, 0.0) > time.monotonic():
+            self.stats["capability_from_cache"] += 1
+            raise pyfuse3.FUSEError(errno.ENODATA)
+        try:
+            rsp = await self.ns.xattr(inode, m.XATTR_GET, self.ns.user(ctx), name)
+        except OSError as e:
+            if caps and e.errno == errno.ENODATA:
+                self._note_no_caps(inode)
+            raise
         return rsp.value
+
+    def _note_no_caps(self, ino: int) -> None:
+        """The file has no security.capability (meta said so, or this daemon just created it): for as long as
+        the kernel keeps attributes, its getxattr of that name before every write(2) is answered here."""
+        if self.options.attr_timeout_s > 0:
+            self._no_caps[ino] = time.monotonic() + self.options.attr_timeout_s
 
     @fuse_errors
     async def setxattr(self, inode, name, value, ctx):
+        self._no_caps.pop(inode, None)
         # pyfuse3 has checked XATTR_CREATE / XATTR_REPLACE with getxattr already (not atomically)
         await self._changing((inode,), self.ns.xattr(inode, m.XATTR_SET, self.ns.user(ctx), decode(name),
                                                      bytes(value)))  # its ctime moves
@@ -448,6 +471,7 @@ class ThreeFSOperations(pyfuse3.Operations):
 
     @fuse_errors
     async def removexattr(self, inode, name, ctx):
+        self._no_caps.pop(inode, None)
         await self._changing((inode,), self.ns.xattr(inode, m.XATTR_REMOVE, self.ns.user(ctx), decode(name)))
 
     @fuse_errors
@@ -603,6 +627,8 @@ class ThreeFSOperations(pyfuse3.Operations):
                                                                    stat.S_IMODE(mode), self.ns.user(ctx)))
         await self._changing_pages(to_fuse(rsp.attr.inode))
         entry = self._found(rsp.attr)
+        if rsp.parents:  # this call made the file: it has no extended attributes
+            self._note_no_caps(entry.st_ino)
         return self._open_handle(entry.st_ino, rsp, flags, ctx, direct), entry
 
     async def _changing_pages(self, ino: int) -> None:
