@@ -41,8 +41,8 @@ import pyfuse3
 
 from threefs.client.batch import ReadCoalescer
 from threefs.client.fuse_store import PageStore
-from threefs.client.fuse_namespace import (CHANGED_DIR_FRESH_S, FUSE_ROOT, ChangedDirs, Namespace, decode,
-                                           to_fuse)
+from threefs.client.fuse_namespace import (CHANGED_DIR_FRESH_S, FUSE_ROOT, ChangedDirs, Namespace, NewDirs,
+                                           decode, to_fuse)
 from threefs.client.stream import SEGMENT_BYTES_MAX, ReadAhead, WriteBehind, read_leased, segment_bytes
 from threefs.common import limits
 from threefs.common.buffers import BufferPool
@@ -168,6 +168,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         self.enable_writeback_cache = options.writeback_cache and not options.direct_io
         self.ns = Namespace(aio)
         self.changed = ChangedDirs(options.changed_dir_s)  # directories' attributes from its own changes
+        self.new_dirs = NewDirs(options.negative_timeout_s)  # directories it made: untouched names are absent
         self._handles: dict[int, Handle] = {}
         self._dirs: dict[int, DirHandle] = {}
         self._fh = itertools.count(1)
@@ -281,6 +282,12 @@ class ThreeFSOperations(pyfuse3.Operations):
         user = self.ns.user(ctx)
         if name == ".":
             return self._found(await self.ns.getattr(parent_inode, user))
+        absent_s = self.new_dirs.absent_for(parent_inode, name) if name != ".." else 0.0
+        if absent_s > 0:  # in a directory this mount made moments ago, a name it never touched (NewDirs)
+            self.stats["lookups_in_new_dirs"] += 1
+            e = pyfuse3.EntryAttributes()
+            e.entry_timeout = absent_s
+            return e
         try:
             attr = await self.ns.lookup(parent_inode, name, user)
         except FileNotFoundError:  # a directory on the way is gone, or an older meta
@@ -303,6 +310,7 @@ class ThreeFSOperations(pyfuse3.Operations):
                 self._listed.pop(ino, None)
                 self._epoch.pop(ino, None)
                 self._no_caps.pop(ino, None)
+                self.new_dirs.forget(ino)
 
     @fuse_errors
     async def getattr(self, inode, ctx=None):
@@ -388,25 +396,35 @@ class ThreeFSOperations(pyfuse3.Operations):
     # -- namespace -------------------------------------------------------------------------------
     @fuse_errors
     async def mkdir(self, parent_inode, name, mode, ctx):
-        rsp = await self._changing((parent_inode,), self.ns.mkdir(parent_inode, decode(name),
-                                                                  stat.S_IMODE(mode), self.ns.user(ctx)))
-        return self._found(rsp.attr)
+        name = decode(name)
+        self.new_dirs.touch(parent_inode, name)
+        rsp = await self._changing((parent_inode,), self.ns.mkdir(parent_inode, name, stat.S_IMODE(mode),
+                                                                  self.ns.user(ctx)))
+        entry = self._found(rsp.attr)
+        self.new_dirs.made(entry.st_ino)
+        return entry
 
     @fuse_errors
     async def unlink(self, parent_inode, name, ctx):
+        name = decode(name)
+        self.new_dirs.touch(parent_inode, name)
         await self.end_deferred()
-        await self._changing((parent_inode,), self.ns.unlink(parent_inode, decode(name), self.ns.user(ctx)))
+        await self._changing((parent_inode,), self.ns.unlink(parent_inode, name, self.ns.user(ctx)))
 
     @fuse_errors
     async def rmdir(self, parent_inode, name, ctx):
+        name = decode(name)
+        self.new_dirs.touch(parent_inode, name)
         await self.end_deferred()
-        await self._changing((parent_inode,), self.ns.rmdir(parent_inode, decode(name), self.ns.user(ctx)),
+        await self._changing((parent_inode,), self.ns.rmdir(parent_inode, name, self.ns.user(ctx)),
                              everything=True)  # the directory removed is known by name only
 
     @fuse_errors
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         if flags & ~pyfuse3.RENAME_NOREPLACE:  # RENAME_EXCHANGE, RENAME_WHITEOUT: not done silently
             raise pyfuse3.FUSEError(errno.EINVAL)  # meta has no atomic exchange nor whiteout devices
+        self.new_dirs.touch(parent_inode_old, decode(name_old))
+        self.new_dirs.touch(parent_inode_new, decode(name_new))
         await self.end_deferred()
         # the entry moved (a directory's ctime moves) and one replaced are known by name only
         await self._changing((parent_inode_old, parent_inode_new), self.ns.rename(
@@ -415,7 +433,9 @@ class ThreeFSOperations(pyfuse3.Operations):
 
     @fuse_errors
     async def symlink(self, parent_inode, name, target, ctx):
-        rsp = await self._changing((parent_inode,), self.ns.symlink(parent_inode, decode(name), decode(target),
+        name = decode(name)
+        self.new_dirs.touch(parent_inode, name)
+        rsp = await self._changing((parent_inode,), self.ns.symlink(parent_inode, name, decode(target),
                                                                     self.ns.user(ctx)))
         return self._found(rsp.attr)
 
@@ -423,6 +443,7 @@ class ThreeFSOperations(pyfuse3.Operations):
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
         """FIFOs, devices and sockets become inodes of their type; S_IFREG a regular file."""
         user, name = self.ns.user(ctx), decode(name)
+        self.new_dirs.touch(parent_inode, name)
         kind = SPECIAL_OF_BITS.get(stat.S_IFMT(mode))
         if kind is None:
             if stat.S_IFMT(mode) not in (0, stat.S_IFREG):
@@ -476,6 +497,7 @@ class ThreeFSOperations(pyfuse3.Operations):
 
     @fuse_errors
     async def link(self, inode, new_parent_inode, new_name, ctx):
+        self.new_dirs.touch(new_parent_inode, decode(new_name))
         rsp = await self._changing((new_parent_inode,), self.ns.link(inode, new_parent_inode, decode(new_name),
                                                                      self.ns.user(ctx)))
         return self._found(rsp.attr)
@@ -623,7 +645,9 @@ class ThreeFSOperations(pyfuse3.Operations):
     async def create(self, parent_inode, name, mode, flags, ctx):
         direct = bool(flags & os.O_DIRECT)
         flags &= OPEN_FLAGS_PASSED
-        rsp = await self._changing((parent_inode,), self.ns.create(parent_inode, decode(name), flags,
+        name = decode(name)
+        self.new_dirs.touch(parent_inode, name)
+        rsp = await self._changing((parent_inode,), self.ns.create(parent_inode, name, flags,
                                                                    stat.S_IMODE(mode), self.ns.user(ctx)))
         await self._changing_pages(to_fuse(rsp.attr.inode))
         entry = self._found(rsp.attr)

@@ -215,9 +215,11 @@ def install_init(max_background: int, congestion_threshold: int, negotiated: dic
     return True
 
 
-SLOT_OPENDIR = 20
+SLOT_OPEN, SLOT_OPENDIR = 14, 20
 FILE_INFO_BITS_OFFSET = 4  # struct fuse_file_info: int flags, then the bitfield word
-FI_KEEP_CACHE, FI_CACHE_READDIR = 1 << 2, 1 << 6  # libfuse 3.5-3.14: writepage, direct_io, keep_cache, ...
+# libfuse 3.10-3.14: writepage, direct_io, keep_cache, flush, nonseekable, flock_release, cache_readdir, noflush
+FI_KEEP_CACHE, FI_CACHE_READDIR, FI_NOFLUSH = 1 << 2, 1 << 6, 1 << 7
+NOFLUSH_LIBFUSE_VERSIONS = range(310, 315)  # where noflush is that bit (fuse_version())
 DIR_CACHE_LIBFUSE_VERSIONS = range(305, 315)  # where those bits are known to sit (fuse_version())
 OPENDIR_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p)
 PY_OPENDIR_FN = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p)
@@ -254,4 +256,38 @@ def install_dir_cache() -> bool:
     fn = OPENDIR_FN(callback)
     _installed.append((fn, original))
     table[SLOT_OPENDIR] = ctypes.cast(fn, ctypes.c_void_p).value
+    return True
+
+
+def install_open_noflush() -> bool:
+    """Have the reply to every read-only open carry FOPEN_NOFLUSH, which pyfuse3 cannot set: the kernel then
+    sends no FLUSH when such a file is closed (a round trip to the daemon per close(2) that had nothing to
+    do: nothing was written through the handle, and this daemon keeps no locks of its own). pyfuse3's open
+    handler copies the request's fuse_file_info into its reply and sets only its own fields, so the wrapper
+    sets the bit before calling it, for requests whose flags say O_RDONLY. False (nothing changed) where
+    the layout is not known."""
+    try:
+        table, why = _ops_table()
+        version = ctypes.CDLL("libfuse3.so.3").fuse_version()
+    except (OSError, ImportError, struct.error, ValueError, AttributeError) as e:
+        table, why, version = None, str(e), 0
+    if table is not None and version not in NOFLUSH_LIBFUSE_VERSIONS:
+        table, why = None, f"libfuse {version // 100}.{version % 100}'s fuse_file_info layout is not known here"
+    if table is None or not table[SLOT_OPEN]:
+        log.warning("closing a file opened read-only costs a FLUSH request on this mount: %s", why or "no open")
+        return False
+    original = PY_OPENDIR_FN(table[SLOT_OPEN])  # open has opendir's signature (req, ino, fi)
+
+    def callback(req, ino, fi):
+        try:
+            if fi and ctypes.c_int32.from_address(fi).value & os.O_ACCMODE == os.O_RDONLY:
+                bits = ctypes.c_uint32.from_address(fi + FILE_INFO_BITS_OFFSET)
+                bits.value |= FI_NOFLUSH
+        except Exception:  # never raise into libfuse
+            log.exception("marking a read-only open FOPEN_NOFLUSH failed")
+        original(req, ino, fi)
+
+    fn = OPENDIR_FN(callback)
+    _installed.append((fn, original))
+    table[SLOT_OPEN] = ctypes.cast(fn, ctypes.c_void_p).value
     return True

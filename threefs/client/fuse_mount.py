@@ -201,6 +201,8 @@ async def _serve(config, mnt: str, options) -> None:
     fuse_fallocate.install(ops)  # pyfuse3 does not pass fallocate on
     if getattr(options, "dir_cache", True) and not options.direct_io:
         ops.dir_cache = fuse_fallocate.install_dir_cache()
+    if not ops.enable_writeback_cache:  # (the kernel flushes cached writes at close with one anyway)
+        fuse_fallocate.install_open_noflush()
     ops.watch_kernel_queue(fuse_fallocate.session_fd())
     tuner = asyncio.ensure_future(tune_read_ahead(mnt, options.read_ahead_kb, ops.initialized, ops.negotiated))
     mounted = True

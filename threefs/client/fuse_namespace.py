@@ -33,6 +33,7 @@ FUSE_ROOT = 1
 GROUPS_CACHE_S = 1.0  # supplementary groups of a pid are read from /proc at most this often
 GROUPS_CACHE_MAX = 1024
 GIDS_MAX = 64  # meta's limit (meta/users.py)
+NEW_DIRS_MAX = 4096  # directories made by this mount whose untouched names are known absent (NewDirs)
 CHANGED_DIR_FRESH_S = 1.0  # a directory's attributes from a change answer a GETATTR at most this much later
 CHANGED_DIRS_MAX = 4096  # directories kept at once (more: all are forgotten; each costs a meta getattr)
 
@@ -132,6 +133,55 @@ class ChangedDirs:
 
     def kept(self) -> int:
         return len(self._kept)
+
+
+class NewDirs:
+    """Directories this mount made, each for `fresh_s` (the negative timeout) after its mkdir returned: a name
+    in one that this mount has not touched since cannot exist unless another client made it meanwhile, and
+    the kernel may miss exactly that for as long as it keeps a negative entry (the negative timeout, 3FS's
+    5 s). So the kernel's lookup of such a name (its LOOKUP before every create of a new file: `tar x`,
+    `cp -r`, a checkpoint's files, `pip install`) is answered "no such name" here, without a meta call.
+    Every name this mount creates, removes or renames in the directory is `touch`ed before its call goes
+    out, and a touched name is always asked of meta (meta is the authority on what this mount did, even on
+    a call that failed or timed out). Off with a negative timeout of 0."""
+
+    def __init__(self, fresh_s: float, clock=time.monotonic):
+        self.fresh_s = fresh_s
+        self._clock = clock
+        self._dirs: dict[int, tuple[float, set[str]]] = {}  # fuse ino -> (deadline, names touched)
+
+    def made(self, ino: int) -> None:
+        if self.fresh_s <= 0:
+            return
+        if len(self._dirs) >= NEW_DIRS_MAX:  # the oldest first (insertion order), expired or not
+            now = self._clock()
+            for old in [i for i, (deadline, _) in self._dirs.items() if deadline <= now]:
+                del self._dirs[old]
+            while len(self._dirs) >= NEW_DIRS_MAX:
+                del self._dirs[next(iter(self._dirs))]
+        self._dirs[ino] = (self._clock() + self.fresh_s, set())
+
+    def touch(self, parent: int, name: str) -> None:
+        entry = self._dirs.get(parent)
+        if entry is not None:
+            entry[1].add(name)
+
+    def absent_for(self, parent: int, name: str) -> float:
+        """Seconds for which `name` in `parent` is known not to exist (0: ask meta)."""
+        entry = self._dirs.get(parent)
+        if entry is None:
+            return 0.0
+        left = entry[0] - self._clock()
+        if left <= 0:
+            del self._dirs[parent]
+            return 0.0
+        return 0.0 if name in entry[1] else left
+
+    def forget(self, ino: int) -> None:
+        self._dirs.pop(ino, None)
+
+    def tracked(self) -> int:
+        return len(self._dirs)
 
 
 class Namespace:
