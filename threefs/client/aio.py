@@ -232,9 +232,21 @@ class AsyncClient:
                       stripe: int | None = None, table_id: int | None = None) -> m.InodeAttr:
         """chmod / chown / utimens (m.UTIME_NOW = now) / truncate / a directory's default layout; None
         leaves a field alone. A path, or parent=inode with path ""."""
+        return (await self.setattr_rsp(path, parent=parent, follow=follow, mode=mode, uid=uid, gid=gid,
+                                       atime_ns=atime_ns, mtime_ns=mtime_ns, length=length, user=user,
+                                       chunk_size=chunk_size, stripe=stripe, table_id=table_id)).attr
+
+    async def setattr_rsp(self, path: str = "", *, parent: int = m.NO_PARENT, follow: bool = True,
+                          mode: int | None = None, uid: int | None = None, gid: int | None = None,
+                          atime_ns: int | None = None, mtime_ns: int | None = None, length: int | None = None,
+                          user: m.UserCred | None = None, chunk_size: int | None = None,
+                          stripe: int | None = None, table_id: int | None = None,
+                          publish: m.SyncReq | None = None) -> m.AttrRsp:
+        """setattr's whole answer; `publish`: a writer's length hint published first in the same
+        transaction (AttrRsp.published False: the server predates it and did not)."""
         req = m.SetattrReq(path, parent, follow, mode, uid, gid, atime_ns, mtime_ns, length, user,
-                           chunk_size=chunk_size, stripe=stripe, table_id=table_id)
-        return (await self.meta_call("setattr", req, m.AttrRsp)).attr
+                           chunk_size=chunk_size, stripe=stripe, table_id=table_id, publish=publish)
+        return await self.meta_call("setattr", req, m.AttrRsp)
 
     async def sync_file(self, inode: int, session: str, length_hint: int = -1, truncate_ver: int = -1,
                         exact: bool = False) -> m.InodeAttr:

@@ -259,19 +259,23 @@ class ThreeFSOperations(pyfuse3.Operations):
         """A reply that gives the kernel a reference to attr's inode (lookup, create, mkdir, ...)."""
         ino = to_fuse(attr.inode)
         self.ns.remember(ino)
-        if attr.type == m.DIRECTORY:
-            self.changed.forget(ino)  # the kernel now has these, fresher than any kept
+        self.changed.forget(ino)  # the kernel now has these, fresher than any kept
         return self.entry(attr)
 
-    async def _changing(self, dirs: tuple[int, ...], call, everything: bool = False):
+    async def _changing(self, dirs: tuple[int, ...], call, everything: bool = False, itself: bool = False):
         """Await `call`, a change of the directories `dirs` (fuse inodes; `everything`: of directories not
         known by number too, rename and rmdir): meta's reply says what it committed of them, which answers
-        the kernel's next getattr of each (ChangedDirs)."""
+        the kernel's next getattr of each (ChangedDirs). `itself`: the call changes the inode dirs[0] itself
+        (setattr), whatever its type, and the reply (an InodeAttr, or its `attr`) is what it committed."""
+        if not itself:
+            self.changed.forget_files()
         token = self.changed.begin(dirs, everything)
         parents = ()
         try:
             rsp = await call
             parents = getattr(rsp, "parents", ())
+            if itself:
+                parents = [*parents, rsp if isinstance(rsp, m.InodeAttr) else rsp.attr]
             return rsp
         finally:
             self.changed.end(token, parents)
@@ -315,15 +319,39 @@ class ThreeFSOperations(pyfuse3.Operations):
     @fuse_errors
     async def getattr(self, inode, ctx=None):
         kept = self.changed.take(inode)
-        if kept is not None:  # the kernel asks again for what this daemon's change of the directory gave
+        # the kernel asks again for what this daemon's change gave (of a directory's entries, or a setattr:
+        # chown's refresh of the mode before it clears set-id bits) - unless writes wait to be published
+        if kept is not None and not (kept.type == m.FILE and self._unpublished(inode)):
             self.stats["getattr_from_change"] += 1
             return self.entry(kept)
         if not self.enable_writeback_cache:  # the kernel asks us for mtime: publish what was written
             await self._publish_writes(inode)
         attr = await self._stale_if_gone(self.ns.getattr(inode, self.ns.user(ctx)))
-        if attr.type == m.DIRECTORY:
-            self.changed.forget(inode)
+        self.changed.forget(inode)
         return self.entry(attr)
+
+    def _unpublished(self, ino: int) -> bool:
+        return any(h.ino == ino and h.written_end > h.published_end for h in self._handles.values())
+
+    async def _writes_landed(self, ino: int) -> tuple[Handle, int] | None:
+        """The writes of this daemon's handles of `ino` on storage; (handle, length hint) when exactly one
+        handle has a length to publish (the caller publishes it with its setattr), else None (all published
+        here, as _publish_writes does). A write that failed is published as far as acknowledged, and raised."""
+        pending = [h for h in self._handles.values() if h.ino == ino and h.written_end > h.published_end]
+        if len(pending) != 1 or pending[0].writer is None:
+            await self._publish_writes(ino)
+            return None
+        h = pending[0]
+        try:
+            await h.writer.flush()
+        except Exception:
+            await self._publish_writes(ino)  # what was acknowledged, and the error
+            raise
+        h.written_end = h.writer.acknowledged(h.written_end)
+        if h.written_end <= h.published_end:
+            return None
+        self.changed.forget(ino)  # the publication moves mtime and the length past what was kept
+        return h, h.written_end
 
     async def _publish_writes(self, ino: int) -> None:
         """The writes of this daemon's handles of `ino` on storage and their length published (3FS's
@@ -344,11 +372,16 @@ class ThreeFSOperations(pyfuse3.Operations):
     @fuse_errors
     async def setattr(self, inode, attr, fields, fh, ctx):
         user = self.ns.user(ctx)
+        publish = None
         if fields.update_mtime:
             # A time set explicitly (tar, cp -p and rsync set it on the open file before closing it) must
             # not be moved by the publication of writes made before it: meta moves mtime to its clock when
-            # a length is published. So they are published first, as a getattr does.
-            await self._publish_writes(inode)
+            # a length is published. So they are published first: in the setattr's own meta transaction
+            # (one call), or before it (a truncate in the same request, several handles, an older meta).
+            if fields.update_size:
+                await self._publish_writes(inode)
+            else:
+                publish = await self._writes_landed(inode)
         if fields.update_size:
             await self._truncate(inode, attr.st_size, user)
         changes = {}
@@ -365,7 +398,19 @@ class ThreeFSOperations(pyfuse3.Operations):
         # chown(-1, -1) sends FATTR_CTIME alone (regular files) or nothing at all (others): it still moves
         # ctime, which meta's setattr does
         if changes or fields.update_ctime or not fields.update_size:
-            return self.entry(await self._changing((inode,), self.ns.setattr(inode, user, **changes)))
+            if publish is None:
+                return self.entry(await self._changing((inode,), self.ns.setattr(inode, user, **changes),
+                                                       itself=True))
+            h, hint = publish
+            rsp = await self._changing((inode,), self.ns.setattr_published(inode, user, (h.attr, h.session, hint),
+                                                                           **changes), itself=True)
+            if not rsp.published:  # a meta server that predates it: publish, then set the times again
+                await self._publish_writes(inode)
+                return self.entry(await self._changing((inode,), self.ns.setattr(inode, user, **changes),
+                                                       itself=True))
+            h.published_end = max(h.published_end, hint)
+            h.attr = rsp.attr
+            return self.entry(rsp.attr)
         return self.entry(await self.ns.getattr(inode, user))
 
     async def _truncate(self, ino: int, length: int, user) -> None:
@@ -624,6 +669,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         direct = bool(flags & os.O_DIRECT)
         flags &= OPEN_FLAGS_PASSED
         rsp = await self._stale_if_gone(self.ns.open(inode, flags, self.ns.user(ctx)))
+        self.changed.forget(inode)  # meta's attributes as of now: fresher than any kept
         stamp = (rsp.attr.length, rsp.attr.mtime_ns, rsp.attr.truncate_ver)
         if (flags & os.O_ACCMODE != os.O_RDONLY or self.enable_writeback_cache or self._cached.get(inode) != stamp
                 or self._reported.get(inode, stamp) != stamp):
@@ -734,6 +780,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         self._epoch[h.ino] += 1
         self._drop_read_ahead(h.ino)
         self._cached.pop(h.ino, None)  # the next open drops the pages: meta's stamp moves at publish
+        self.changed.forget(h.ino)  # attributes kept from a setattr are older than this write
         if h.kill_privs:
             await self._kill_privs(h)
         await h.writer.write(off, buf)
@@ -766,6 +813,7 @@ class ThreeFSOperations(pyfuse3.Operations):
             h = next((x for x in self._handles.values() if x.ino == ino and x.writer is not None), None)
         if h is None:
             raise OSError(errno.EBADF, f"fallocate: inode {ino} has no handle open for writing")
+        self.changed.forget(ino)  # the size or mtime moves: attributes kept from a setattr are stale
         keep, kind = bool(mode & FALLOC_FL_KEEP_SIZE), mode & ~FALLOC_FL_KEEP_SIZE
         if kind not in (0, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE) or (kind == FALLOC_FL_PUNCH_HOLE
                                                                              and not keep):
@@ -802,6 +850,8 @@ class ThreeFSOperations(pyfuse3.Operations):
             except Exception as e:
                 err = e
             h.written_end = h.writer.acknowledged(h.written_end)
+        if h.written_end > h.published_end:
+            self.changed.forget(h.ino)  # the publication moves mtime and the length past what was kept
         if h.written_end > h.published_end and (h.truncated or not end_session):
             h.attr = await self.ns.sync(h.attr, h.session, h.written_end)
             h.published_end = h.written_end

@@ -75,6 +75,7 @@ class ChangedDirs:
         self._busy: dict[int, list[int]] = {}  # fuse ino -> [changes in flight, changes begun]
         self._all_busy = 0  # everything=True changes in flight
         self._all_gen = 0  # everything=True changes begun
+        self._kept_files: set[int] = set()  # kept inodes that are not directories (a setattr's file)
 
     def begin(self, inos, everything: bool = False) -> tuple:
         # this change may keep what it returns only if no other change was in flight when it began and
@@ -100,7 +101,7 @@ class ChangedDirs:
         all_gen, mine, everything = token
         if everything:
             self._all_busy -= 1
-        got = {to_fuse(a.inode): a for a in parents if a.type == m.DIRECTORY}
+        got = {to_fuse(a.inode): a for a in parents}  # directories, and the inode a setattr changed
         now = self._clock()
         for ino, gen, calm in mine:
             b = self._busy[ino]
@@ -112,7 +113,10 @@ class ChangedDirs:
             if alone and attr is not None and self.fresh_s > 0:
                 if len(self._kept) >= CHANGED_DIRS_MAX:
                     self._kept.clear()
+                    self._kept_files.clear()
                 self._kept[ino] = (now, attr)
+                if attr.type != m.DIRECTORY:
+                    self._kept_files.add(ino)
             else:
                 self._kept.pop(ino, None)
 
@@ -122,6 +126,13 @@ class ChangedDirs:
         if hit is None or ino in self._busy or self._all_busy or self._clock() - hit[0] > self.fresh_s:
             return None
         return hit[1]
+
+    def forget_files(self) -> None:
+        """A change of the namespace (an entry created, removed, linked, renamed): a file's kept attributes
+        may be stale by it (its nlink, its ctime) and this daemon may not know the file by number: all go."""
+        for ino in self._kept_files:
+            self._kept.pop(ino, None)
+        self._kept_files.clear()
 
     def forget(self, ino: int) -> None:
         """The kernel got attributes of `ino` from meta (a lookup, getattr, opendir, listing): drop the
@@ -272,6 +283,17 @@ class Namespace:
     async def setattr(self, ino: int, user, **fields) -> m.InodeAttr:
         """chmod / chown / utimens / truncate (length=...) of the inode itself."""
         return await self.aio.setattr("", parent=to_meta(ino), follow=False, user=user, **fields)
+
+    async def setattr_published(self, ino: int, user, publish: tuple[m.InodeAttr, str, int] | None,
+                                **fields) -> m.AttrRsp:
+        """setattr, with `publish` (the writer's attr, session, length hint) published first in the same
+        meta transaction (AttrRsp.published says whether the server did)."""
+        req = None
+        if publish is not None:
+            attr, session, hint = publish
+            req = m.SyncReq(attr.inode, session, hint, attr.truncate_ver)
+        return await self.aio.setattr_rsp("", parent=to_meta(ino), follow=False, user=user, publish=req,
+                                          **fields)
 
     async def symlink(self, parent: int, name: str, target: str, user) -> m.AttrRsp:
         return await self.aio.symlink_at(to_meta(parent), name, target, user)

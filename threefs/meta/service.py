@@ -268,11 +268,18 @@ class MetaService(KvstoreRpcs):
         changes = Changes(req.mode, req.uid, req.gid, req.atime_ns, req.mtime_ns, req.chunk_size, req.stripe,
                           req.table_id)
         attr = None
+        publish = req.publish
+        if publish is not None and (publish.exact or req.length is not None):
+            raise status_error(StatusCode.INVALID_ARGUMENT, "setattr publishes a writer's length hint "
+                               "(exact=False) only, and not with a truncate: send sync / truncate for those")
         if req.length is not None:
             attr = await self._truncate(req.path, req.parent, req.length, caller)
         if any(v is not None for v in changes) or attr is None:
-            attr = await self.store.setattr(req.path, changes, req.follow, parent=req.parent, caller=caller)
-        return m.AttrRsp(attr)
+            update = None if publish is None else (publish.inode, publish.session,
+                                                   LengthUpdate(publish.length_hint, publish.truncate_ver))
+            attr = await self.store.setattr(req.path, changes, req.follow, parent=req.parent, caller=caller,
+                                            publish=update)
+        return m.AttrRsp(attr, published=publish is not None)
 
     @rpc(m.TruncateReq)
     async def truncate(self, ctx: CallContext, req: m.TruncateReq) -> m.AttrRsp:

@@ -332,12 +332,22 @@ class MetaStore:
         return await self._run(lambda tr: ops_attr.readdir(tr, parsed, start_after, limit, user))
 
     async def setattr(self, path: str, changes: Changes, follow: bool = True, *, parent: int = NO_PARENT,
-                      caller: Caller = ANONYMOUS) -> InodeAttr:
+                      caller: Caller = ANONYMOUS, publish: tuple[int, str, LengthUpdate] | None = None,
+                      ) -> InodeAttr:
         """chmod / chown / utimens, a directory's default layout (see ops_attr.Changes); the length is
-        truncate()'s."""
+        truncate()'s. `publish` (inode, session, update): a writer's length published first, in the same
+        transaction (as sync() does), so the times set here are not moved by it."""
         parsed, now_ns = parse_path(path, parent), self._clock_ns()
-        return await self._run(lambda tr: ops_attr.setattr(tr, parsed, follow, changes, caller.user, now_ns,
-                                                           self._table_info))
+        if publish is not None:
+            check_inode_id(publish[0])
+
+        async def fn(tr: Transaction) -> InodeAttr:
+            if publish is not None:
+                inode, session, update = publish
+                await ops_attr.update_length(tr, inode, session, caller.client_id, update, now_ns, False)
+            return await ops_attr.setattr(tr, parsed, follow, changes, caller.user, now_ns, self._table_info)
+
+        return await self._run(fn)
 
     async def unlink(self, path: str, *, parent: int = NO_PARENT, caller: Caller = ANONYMOUS,
                      dirs: list[InodeAttr] | None = None) -> None:

@@ -178,6 +178,7 @@ class SyncReq(msgspec.Struct):
 class AttrRsp(msgspec.Struct, omit_defaults=True):
     attr: InodeAttr
     parents: list[InodeAttr] = []  # mkdir, symlink, mknod, link: the directories changed (module docstring)
+    published: bool = False  # setattr: SetattrReq.publish was applied (servers that predate it answer False)
 
 
 class ChangedRsp(msgspec.Struct, omit_defaults=True):
@@ -306,6 +307,10 @@ class SetattrReq(msgspec.Struct):
     chunk_size: int | None = None
     stripe: int | None = None
     table_id: int | None = None
+    # a writer's length hint (exact=False), published in the same transaction before the changes: times set
+    # on a file with unpublished writes (FUSE: tar and cp -p set them before closing) are not then moved
+    # by the publication; AttrRsp.published says it was done
+    publish: SyncReq | None = None
 
 
 class TruncateReq(msgspec.Struct):

@@ -1,8 +1,13 @@
-"""Names in a directory this mount made moments ago (fuse_namespace.NewDirs): the kernel's lookup of a name the
-mount never touched there is answered "no such name" without a meta call, for the negative timeout after the
-mkdir; what another client makes there meanwhile is seen as a name the kernel had cached as absent would be
-(within the negative timeout), and meta still decides every create. Also: closing a file opened read-only
-sends the daemon no FLUSH (FOPEN_NOFLUSH), one opened for writing does."""
+"""Kernel requests and meta calls the mount saves, each checked for what it must not change.
+
+- Names in a directory this mount made moments ago (fuse_namespace.NewDirs): the kernel's lookup of a name the
+  mount never touched there is answered "no such name" without a meta call, for the negative timeout after the
+  mkdir; what another client makes there meanwhile is seen as a name the kernel had cached as absent would be
+  (within the negative timeout), and meta still decides every create.
+- Closing a file opened read-only sends the daemon no FLUSH (FOPEN_NOFLUSH); one opened for writing does.
+- What tar does per file: the writes' length is published in the setattr that sets the file's times (one meta
+  transaction), and chown's refresh of the mode is answered from that setattr's reply.
+"""
 
 from __future__ import annotations
 
@@ -141,5 +146,34 @@ def test_closing_a_read_only_file_sends_no_flush(cluster, fs, tmp_path):
         assert _delta(k0, k1).get("open") == N and "flush" not in _delta(k0, k1), _delta(k0, k1)
         assert _delta(k1, k2).get("flush") == 1, _delta(k1, k2)  # written: its close publishes it
         assert fs.read_bytes("/noflush/f") == b"data+"
+    finally:
+        stop_daemon(proc, mnt)
+
+
+def test_tar_like_file_costs_four_meta_calls(cluster, fs, tmp_path):
+    """What tar does per file (create, write, futimens, fchown, fchmod, close): the writes' length is
+    published in the futimens' own setattr (no sync call), chown's refresh of the mode is answered from
+    that setattr's reply (no stat), so: a lookup, the create and three setattrs; the time set stays."""
+    require_fuse()
+    mnt, log = str(tmp_path / "m"), str(tmp_path / "daemon.log")
+    proc = fuse_mount.spawn(str(cluster.client_config_path), mnt, [], log)
+    try:
+        fs.mkdir("/tarlike")
+        assert os.listdir(f"{mnt}/tarlike") == []  # the root and the directory known to the kernel first
+        _, _, m0 = daemon_counters(proc, log, 0)
+        set_ns = 1_300_000_000_000_000_000
+        with open(f"{mnt}/tarlike/f", "wb") as f:
+            f.write(b"z" * 70_000)
+            f.flush()
+            os.utime(f.fileno(), ns=(set_ns, set_ns))
+            os.fchown(f.fileno(), 0, 0)
+            os.fchmod(f.fileno(), 0o640)
+        _, _, m1 = daemon_counters(proc, log, 1)
+        meta = _delta(m0, m1)
+        assert meta.get("sync", 0) == 0 and meta.get("setattr") == 3 and meta.get("open") == 1, meta
+        assert meta.get("stat", 0) == 1, meta  # the create's lookup only
+        attr = fs.stat("/tarlike/f")
+        assert (attr.length, attr.mtime_ns, attr.mode) == (70_000, set_ns, 0o640)
+        assert os.stat(f"{mnt}/tarlike/f").st_mtime_ns == set_ns
     finally:
         stop_daemon(proc, mnt)
