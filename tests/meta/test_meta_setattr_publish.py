@@ -65,3 +65,18 @@ def test_the_service_refuses_an_exact_publish_or_one_with_a_truncate(fs, d):
             fs.run(fs.aio.meta_call("setattr", req, m.AttrRsp))
         assert e.value.code == StatusCode.INVALID_ARGUMENT and "publishes" in e.value.message
     assert fs.stat(f"{d}/f").length == 1
+
+
+def test_a_close_with_a_hint_not_to_measure_stores_the_hint(fs, d):
+    """CloseReq.exact=False (the S3 gateway: one writer, every write acknowledged): the length is the hint,
+    taken as the writer's word, without measuring the file on storage; the default close measures it. Told
+    apart here by a hint short of what was written (6 bytes on storage, hint 4)."""
+    import os as _os
+
+    from threefs.rpc.schemas import meta as m
+
+    for name, exact, want in (("trusted", False, 4), ("measured", True, 6)):
+        rsp = fs.run(fs.aio.create_at(m.NO_PARENT, f"{d}/{name}", _os.O_WRONLY | _os.O_TRUNC, 0o600))
+        fs.run(fs.aio.write_at(rsp.attr, 0, b"abcdef"))
+        attr = fs.run(fs.aio.close_file(rsp.attr.inode, rsp.session, 4, exact=exact))
+        assert attr.length == want and fs.stat(f"{d}/{name}").length == want, name

@@ -107,8 +107,10 @@ class AsyncClient:
                    stripe: int = 0) -> m.OpenRsp:
         return await self.meta_call("open", m.OpenReq(path, flags, mode, chunk_size, stripe), m.OpenRsp)
 
-    async def close_file(self, inode: int, session: str, length_hint: int) -> m.InodeAttr:
-        return (await self.meta_call("close", m.CloseReq(inode, session, length_hint), m.AttrRsp)).attr
+    async def close_file(self, inode: int, session: str, length_hint: int, exact: bool = True) -> m.InodeAttr:
+        """End a write session; the length becomes at least `length_hint`, measured on storage unless
+        exact=False (the caller was the file's only writer and every write was acknowledged)."""
+        return (await self.meta_call("close", m.CloseReq(inode, session, length_hint, exact), m.AttrRsp)).attr
 
     async def remove(self, path: str, recursive: bool = False) -> None:
         """unlink; with recursive=True any entry, a directory tree handed to GC in one transaction."""

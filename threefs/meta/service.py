@@ -303,7 +303,7 @@ class MetaService(KvstoreRpcs):
         """End a write session; if the writer wrote, the length is measured on storage."""
         self._caller(ctx, req)
         update = LengthUpdate(req.length_hint)
-        if req.length_hint < 0:
+        if req.length_hint < 0 or not req.exact:
             return m.AttrRsp(await self.store.sync(req.inode, req.session, update, ctx.client_id, True))
         return m.AttrRsp(await self.data.sync_exact(req.inode, req.session, update, ctx.client_id, True))
 

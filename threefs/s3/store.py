@@ -248,7 +248,7 @@ class Store:
         target, rsp = opened
         data = json.dumps(record, separators=(",", ":")).encode()
         await self.aio.write_at(rsp.attr, 0, data)
-        await self.aio.close_file(rsp.attr.inode, rsp.session, len(data))
+        await self.aio.close_file(rsp.attr.inode, rsp.session, len(data), exact=False)  # written whole, here
 
     async def write_record(self, inode: int, record: dict, replace: bool = False, kind: str = "") -> None:
         opened = await self.create_record(inode, replace, kind)
@@ -457,7 +457,7 @@ class Store:
 
         _, plain, alt = self.object_paths(bucket, key)
         attr, _, first_look = await asyncio.gather(  # one round trip for three calls
-            self.aio.close_file(rsp.attr.inode, rsp.session, length), record_written(),
+            self.aio.close_file(rsp.attr.inode, rsp.session, length, exact=False), record_written(),
             self.aio.batch_stat([plain, alt], follow=False))
         try:
             old = await self._rename_into_place(temp_path, bucket, key, cred, if_none_match, first_look)

@@ -145,6 +145,10 @@ class CloseReq(msgspec.Struct):
     inode: int
     session: str = ""
     length_hint: int = -1  # end of the highest byte written, -1 = nothing written (no length query)
+    # False: the hint is the file's end as its only writer knows it (every write acknowledged: the S3
+    # gateway's objects and records), so meta stores it without measuring the file on storage (servers
+    # that predate the field measure, which gives the same length)
+    exact: bool = True
 
 
 CLOSE_MANY_MAX = 1024  # sessions ended by one CloseManyReq
