@@ -342,16 +342,11 @@ class ThreeFSOperations(pyfuse3.Operations):
             await self._publish_writes(ino)
             return None
         h = pending[0]
-        try:
-            await h.writer.flush()
-        except Exception:
-            await self._publish_writes(ino)  # what was acknowledged, and the error
-            raise
-        h.written_end = h.writer.acknowledged(h.written_end)
-        if h.written_end <= h.published_end:
-            return None
-        self.changed.forget(ino)  # the publication moves mtime and the length past what was kept
-        return h, h.written_end
+        err = await self._land(h)
+        if err is not None:
+            await self._sync(h, end_session=False)  # what was acknowledged
+            raise err
+        return (h, h.written_end) if h.written_end > h.published_end else None
 
     async def _publish_writes(self, ino: int) -> None:
         """The writes of this daemon's handles of `ino` on storage and their length published (3FS's
@@ -841,8 +836,9 @@ class ThreeFSOperations(pyfuse3.Operations):
             if h.ino == ino and h.writer is not None and h.writer.dirty:
                 await h.writer.flush()
 
-    async def _sync(self, h: Handle, end_session: bool) -> None:
-        """Drain the handle's writes, then publish its length (and end its session)."""
+    async def _land(self, h: Handle) -> Exception | None:
+        """Drain the handle's writes to storage; its written end becomes what was acknowledged. Returns the
+        error of a write that failed (the caller publishes what landed, then raises it)."""
         err = None
         if h.writer is not None:
             try:
@@ -851,7 +847,12 @@ class ThreeFSOperations(pyfuse3.Operations):
                 err = e
             h.written_end = h.writer.acknowledged(h.written_end)
         if h.written_end > h.published_end:
-            self.changed.forget(h.ino)  # the publication moves mtime and the length past what was kept
+            self.changed.forget(h.ino)  # its publication moves mtime and the length past what was kept
+        return err
+
+    async def _sync(self, h: Handle, end_session: bool) -> None:
+        """Drain the handle's writes, then publish its length (and end its session)."""
+        err = await self._land(h)
         if h.written_end > h.published_end and (h.truncated or not end_session):
             h.attr = await self.ns.sync(h.attr, h.session, h.written_end)
             h.published_end = h.written_end

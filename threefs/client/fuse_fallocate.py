@@ -232,31 +232,8 @@ def install_dir_cache() -> bool:
     drops the kernel's cached listing (pyfuse3.invalidate_inode) when the directory changed since it was
     cached (fuse.ThreeFSOperations.opendir); the kernel drops it itself on changes made through the mount
     and when a getattr brings a new mtime. False (nothing changed) where the layout is not known."""
-    try:
-        table, why = _ops_table()
-        version = ctypes.CDLL("libfuse3.so.3").fuse_version()
-    except (OSError, ImportError, struct.error, ValueError, AttributeError) as e:
-        table, why, version = None, str(e), 0
-    if table is not None and version not in DIR_CACHE_LIBFUSE_VERSIONS:
-        table, why = None, f"libfuse {version // 100}.{version % 100}'s fuse_file_info layout is not known here"
-    if table is None or not table[SLOT_OPENDIR]:
-        log.warning("directory listings are not cached by the kernel on this mount: %s", why or "no opendir")
-        return False
-    original = PY_OPENDIR_FN(table[SLOT_OPENDIR])
-
-    def callback(req, ino, fi):
-        try:
-            if fi:
-                bits = ctypes.c_uint32.from_address(fi + FILE_INFO_BITS_OFFSET)
-                bits.value |= FI_KEEP_CACHE | FI_CACHE_READDIR
-        except Exception:  # never raise into libfuse
-            log.exception("asking the kernel to cache a listing failed")
-        original(req, ino, fi)
-
-    fn = OPENDIR_FN(callback)
-    _installed.append((fn, original))
-    table[SLOT_OPENDIR] = ctypes.cast(fn, ctypes.c_void_p).value
-    return True
+    return _set_reply_bits(SLOT_OPENDIR, DIR_CACHE_LIBFUSE_VERSIONS, lambda flags: FI_KEEP_CACHE | FI_CACHE_READDIR,
+                           "directory listings are not cached by the kernel on this mount")
 
 
 def install_open_noflush() -> bool:
@@ -266,28 +243,39 @@ def install_open_noflush() -> bool:
     handler copies the request's fuse_file_info into its reply and sets only its own fields, so the wrapper
     sets the bit before calling it, for requests whose flags say O_RDONLY. False (nothing changed) where
     the layout is not known."""
+    return _set_reply_bits(SLOT_OPEN, NOFLUSH_LIBFUSE_VERSIONS,
+                           lambda flags: FI_NOFLUSH if flags & os.O_ACCMODE == os.O_RDONLY else 0,
+                           "closing a file opened read-only costs a FLUSH request on this mount")
+
+
+def _set_reply_bits(slot: int, versions: range, bits_for, unavailable: str) -> bool:
+    """Wrap the (req, ino, fi) handler in `slot` (open, opendir) so that the request's fuse_file_info gets
+    `bits_for(its open flags)` set in its bitfield word before pyfuse3's handler copies it into the reply.
+    False, with a warning starting `unavailable`, where the table or the layout (libfuse `versions`) is not
+    known."""
     try:
         table, why = _ops_table()
         version = ctypes.CDLL("libfuse3.so.3").fuse_version()
     except (OSError, ImportError, struct.error, ValueError, AttributeError) as e:
         table, why, version = None, str(e), 0
-    if table is not None and version not in NOFLUSH_LIBFUSE_VERSIONS:
+    if table is not None and version not in versions:
         table, why = None, f"libfuse {version // 100}.{version % 100}'s fuse_file_info layout is not known here"
-    if table is None or not table[SLOT_OPEN]:
-        log.warning("closing a file opened read-only costs a FLUSH request on this mount: %s", why or "no open")
+    if table is None or not table[slot]:
+        log.warning("%s: %s", unavailable, why or f"no handler in slot {slot}")
         return False
-    original = PY_OPENDIR_FN(table[SLOT_OPEN])  # open has opendir's signature (req, ino, fi)
+    original = PY_OPENDIR_FN(table[slot])  # open and opendir share the signature (req, ino, fi)
 
     def callback(req, ino, fi):
         try:
-            if fi and ctypes.c_int32.from_address(fi).value & os.O_ACCMODE == os.O_RDONLY:
-                bits = ctypes.c_uint32.from_address(fi + FILE_INFO_BITS_OFFSET)
-                bits.value |= FI_NOFLUSH
+            if fi:
+                bits = bits_for(ctypes.c_int32.from_address(fi).value)
+                if bits:
+                    ctypes.c_uint32.from_address(fi + FILE_INFO_BITS_OFFSET).value |= bits
         except Exception:  # never raise into libfuse
-            log.exception("marking a read-only open FOPEN_NOFLUSH failed")
+            log.exception("setting reply bits in slot %d failed", slot)
         original(req, ino, fi)
 
     fn = OPENDIR_FN(callback)
     _installed.append((fn, original))
-    table[SLOT_OPEN] = ctypes.cast(fn, ctypes.c_void_p).value
+    table[slot] = ctypes.cast(fn, ctypes.c_void_p).value
     return True

@@ -265,11 +265,15 @@ class StorageService:
             result = await outlast(asyncio.get_running_loop().run_in_executor(self.io_pool,
                                                                               lambda: fn(*args, **kwargs)))
         except ThreeFSError as e:
-            if e.code in (StatusCode.NO_SPACE, StatusCode.IO_ERROR):  # the disk, not the request
-                self.problems.record("disk", f"disk operations fail: {e.message}")
+            self._disk_failed(e)
             raise
         self.problems.clear("disk")
         return result
+
+    def _disk_failed(self, e: ThreeFSError) -> None:
+        """A chunk-engine call failed: reported in heartbeats when it is the disk, not the request."""
+        if e.code in (StatusCode.NO_SPACE, StatusCode.IO_ERROR):
+            self.problems.record("disk", f"disk operations fail: {e.message}")
 
     # -- membership ------------------------------------------------------------------------------
     def local_state(self, routing: Routing | None, target_id: int) -> str:
@@ -438,8 +442,7 @@ class StorageService:
             self.inline_stats["handed_over"] += 1
             return False, None
         except ThreeFSError as err:
-            if err.code in (StatusCode.NO_SPACE, StatusCode.IO_ERROR):  # the disk, not the request
-                self.problems.record("disk", f"disk operations fail: {err.message}")
+            self._disk_failed(err)
             raise
         finally:
             took = time.perf_counter() - started
