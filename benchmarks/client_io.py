@@ -29,7 +29,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from refserver import IOS_PER_REQUEST, RefServers  # noqa: E402
+from refserver import IOS_PER_REQUEST, RefServers, default_transport  # noqa: E402
 from throughput import loopback_gbps  # noqa: E402
 
 from benchmarks.common import local_cluster  # noqa: E402
@@ -277,6 +277,8 @@ def report(rows, ceiling_before: float, ceiling_after: float, total: int, args) 
     ceiling = (ceiling_before + ceiling_after) / 2
     print(f"data: {total // MiB} MiB, {args.storage} storage services, R={args.replicas}, 1 MiB chunks")
     print(f"{'loopback TCP ceiling (before / after)':<48} {ceiling_before:7.2f} / {ceiling_after:.2f} GB/s")
+    print(f"transport of threefs's clients and the reference server on this host: {default_transport()} "
+          "(THREEFS_RPC_LOCAL=0: tcp)")
     value = {name: v for _, name, v in rows}
     value.update({f"{name}@{group[5:]}": v for group, name, v in rows if group.startswith("rand ")})
     for group, name, v in rows:

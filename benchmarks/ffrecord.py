@@ -195,7 +195,7 @@ def run_size(fs: Client, tmp: str, mnt: str | None, size: int, args,
     gen = batches(n, args.batch, seed=n)
     ref_idx = np.concatenate([next(gen) for _ in range(max(1, 4096 // args.batch))])
     ref_ios = list(zip(offsets[ref_idx].tolist(), sizes[ref_idx].tolist()))
-    ref_name = f"reference server, same offsets (batch {args.batch})"
+    ref_name = f"reference server, same offsets (batch {args.batch}, {ref.transport})"
 
     def ref_rate():
         rate = ref.read(ref_ios, args.seconds, batch=args.batch)

@@ -7,6 +7,9 @@ blocking connection and one thread per server and `recv_into`s a preallocated bu
 dealt to the servers round-robin. No checksums, no replication, no metadata: a ceiling for the software,
 not a peer. benchmarks/client_io.py prints threefs's figures as ratios to it.
 
+The transport is the one threefs's clients use on one host: Unix sockets (threefs/rpc/local.py) unless
+THREEFS_RPC_LOCAL=0, then loopback TCP; `RefServers(..., transport=...)` picks one explicitly.
+
     .venv/bin/python benchmarks/refserver.py FILE [--size 4096] [--seconds 4]
 """
 
@@ -43,7 +46,8 @@ def _serve(path: str, listener: socket.socket, buf_bytes: int) -> None:
     ios = memoryview(bytearray(_IO.size * IOS_PER_REQUEST))
     while True:
         conn, _ = listener.accept()
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if conn.family != socket.AF_UNIX:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             while True:
                 _recv_exact(conn, head)
@@ -58,26 +62,49 @@ def _serve(path: str, listener: socket.socket, buf_bytes: int) -> None:
             conn.close()
 
 
-class RefServers:
-    """SERVERS processes serving `path` on loopback; use as a context manager."""
+def default_transport() -> str:
+    """What threefs's clients use to reach servers of this host (threefs/rpc/local.py)."""
+    return "tcp" if os.environ.get("THREEFS_RPC_LOCAL", "1").strip().lower() in ("0", "false", "no", "off") \
+        else "unix"
 
-    def __init__(self, path: str, max_request_bytes: int, servers: int = SERVERS):
+
+class RefServers:
+    """SERVERS processes serving `path` on this host; use as a context manager."""
+
+    def __init__(self, path: str, max_request_bytes: int, servers: int = SERVERS, transport: str | None = None):
         self.path, self.max_request_bytes, self.n = path, max_request_bytes, servers
-        self.procs, self.ports = [], []
+        self.transport = transport or default_transport()
+        if self.transport not in ("unix", "tcp"):
+            raise ValueError(f"transport must be 'unix' or 'tcp', not {self.transport!r}")
+        self.procs, self.ports = [], []  # ports: TCP ports, or abstract Unix socket names
 
     def __enter__(self) -> "RefServers":
         ctx = mp.get_context("fork")
-        for _ in range(self.n):
-            listener = socket.socket()
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind(("127.0.0.1", 0))
+        for k in range(self.n):
+            if self.transport == "unix":
+                listener = socket.socket(socket.AF_UNIX)
+                listener.bind(f"\0threefs-refserver/{os.getpid()}/{id(self)}/{k}")
+            else:
+                listener = socket.socket()
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                listener.bind(("127.0.0.1", 0))
             listener.listen(4)
             p = ctx.Process(target=_serve, args=(self.path, listener, self.max_request_bytes), daemon=True)
             p.start()
-            self.ports.append(listener.getsockname()[1])
+            name = listener.getsockname()
+            self.ports.append(name if self.transport == "unix" else name[1])
             listener.close()  # the child has its own copy
             self.procs.append(p)
         return self
+
+    def _connect(self, k: int) -> socket.socket:
+        if self.transport == "unix":
+            sock = socket.socket(socket.AF_UNIX)
+            sock.connect(self.ports[k])
+            return sock
+        sock = socket.create_connection(("127.0.0.1", self.ports[k]))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
 
     def __exit__(self, *exc) -> None:
         for p in self.procs:
@@ -97,8 +124,7 @@ class RefServers:
 
         def worker(k: int) -> None:
             try:
-                sock = socket.create_connection(("127.0.0.1", self.ports[k]))
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock = self._connect(k)
                 mine = shares[k]
                 requests = []
                 for i in range(0, len(mine), IOS_PER_REQUEST):
@@ -141,8 +167,7 @@ class RefServers:
 
         def worker(k: int) -> None:
             try:
-                sock = socket.create_connection(("127.0.0.1", self.ports[k]))
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock = self._connect(k)
                 requests = []
                 for b in batches:
                     mine = b[k::self.n]
@@ -192,7 +217,8 @@ def main() -> None:
     total = os.path.getsize(args.file)
     with RefServers(args.file, IOS_PER_REQUEST * max(args.size, 1 << 20)) as ref:
         iops = ref.read(random_ios(total, args.size, 4096), args.seconds)
-    print(f"reference server, random {args.size} B: {iops:,.0f} IO/s ({iops * args.size / 1e9:.3f} GB/s)")
+    print(f"reference server ({ref.transport}), random {args.size} B: {iops:,.0f} IO/s "
+          f"({iops * args.size / 1e9:.3f} GB/s)")
 
 
 if __name__ == "__main__":

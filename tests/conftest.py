@@ -1,4 +1,5 @@
-"""Shared fixtures: real local clusters (real processes, real TCP, SQLite KV, disks under tmp)."""
+"""Shared fixtures: real local clusters (real processes, real sockets: Unix between the processes of one host,
+TCP with THREEFS_RPC_LOCAL=0 and across network namespaces; SQLite KV, disks under tmp)."""
 
 from __future__ import annotations
 

@@ -129,7 +129,9 @@ async def serve(config: ServiceConfig) -> None:
     server.metrics_hook = metrics.observe_rpc
     # Both listeners bind before the service registers anywhere: a taken port fails fast, and says which.
     try:
-        config.port = await server.start(config.listen_host, config.port)
+        config.port = await server.start(config.listen_host, config.port,
+                                         advertise_host=config.advertise_host,
+                                         local=config.local_socket)
     except OSError as exc:
         raise SystemExit(_cannot_listen(config, "RPC", config.port, exc)) from None
     if config.metrics_port:

@@ -1,4 +1,4 @@
-"""RPC layer: real TCP on loopback, real framing, real token check."""
+"""RPC layer: real sockets (Unix and loopback TCP: tests/rpc/conftest.py), real framing, real token check."""
 
 import asyncio
 

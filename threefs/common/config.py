@@ -63,6 +63,9 @@ class ServiceConfig(msgspec.Struct, kw_only=True):
     chunk_engine: str = ""  # storage: "v1" | "v2" | "" (an existing target's own, else the default; storage/engines.py)
     scrub_interval_s: float = 600.0  # storage: one full checksum pass per interval (0 = off)
     metrics_port: int = 0  # 0 = no Prometheus endpoint
+    # Also listen on a Unix socket (Linux abstract namespace, named for the TCP address): clients in the
+    # same network namespace connect through it instead of loopback TCP (rpc/local.py; docs/operations.md).
+    local_socket: bool = True
     log_level: str = "INFO"
 
     @property

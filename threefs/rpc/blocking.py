@@ -24,6 +24,7 @@ import msgspec
 
 from threefs.common import limits
 from threefs.common.status import StatusCode, status_error
+from threefs.rpc import local as local_socket
 from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_RTS, MAGIC, PREFIX, PREFIX_BYTES, Header, Scatter,
                                body_encoder, encode_frame_head)
 from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
@@ -52,12 +53,15 @@ class BlockingConnection:
     def __init__(self, addr: str, token: str, client_id: str, timeout: float):
         self.addr = addr
         host, _, port = addr.rpartition(":")
+        connect_timeout = min(timeout, limits.CONNECT_TIMEOUT_S)
         try:
-            self.sock = socket.create_connection((host, int(port)), timeout=min(timeout,
-                                                                                limits.CONNECT_TIMEOUT_S))
+            # A same-host server's Unix socket when it has one (rpc/local.py), else TCP.
+            self.sock = local_socket.connect_blocking(addr, connect_timeout)
+            if self.sock is None:
+                self.sock = socket.create_connection((host, int(port)), timeout=connect_timeout)
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError as e:
             raise Broken(f"cannot connect to {addr}: {type(e).__name__} {e}".rstrip()) from e
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # A blocking socket whose timeouts the kernel keeps (SO_RCVTIMEO/SO_SNDTIMEO): with Python's own
         # socket timeout every send and receive is a poll() first and then the call, twice the system
         # calls of a round trip. A call that times out raises BlockingIOError (EAGAIN), as Python's

@@ -20,6 +20,7 @@ import msgspec
 
 from threefs.common import limits
 from threefs.common.status import StatusCode, ThreeFSError, UnavailableError, status_error
+from threefs.rpc import local as local_socket
 from threefs.rpc.frame import KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RTS, Header, Scatter, body_encoder
 from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
 from threefs.rpc.transport import FramedProtocol
@@ -153,8 +154,13 @@ class RpcClient:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, conn = await loop.create_connection(lambda: ClientConnection(addr, self.senders),
-                                                       host, int(port))
+                sock = local_socket.connect_nonblocking(addr)  # a same-host server's Unix socket, else TCP
+                if sock is not None:
+                    _, conn = await loop.create_unix_connection(lambda: ClientConnection(addr, self.senders),
+                                                                sock=sock)
+                else:
+                    _, conn = await loop.create_connection(lambda: ClientConnection(addr, self.senders),
+                                                           host, int(port))
                 body = body_encoder.encode(Hello(token=self.token, client_id=self.client_id))
                 header, _ = await conn.request(KIND_HELLO, "hello", body, None, None, self.connect_timeout)
                 rsp = msgspec.msgpack.decode(header.body, type=HelloRsp)

@@ -25,6 +25,7 @@ import msgspec
 from threefs.common import limits
 from threefs.common.buffers import BufferPool, Lease
 from threefs.common.status import StatusCode, ThreeFSError, status_error
+from threefs.rpc import local as local_socket
 from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RESPONSE, KIND_RTS, FilePayload,
                                FrameError, Header, body_encoder)
 from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
@@ -415,6 +416,8 @@ class RpcServer:
         self.connections: set[ServerConnection] = set()
         self.pool = BufferPool()  # payload buffers, reused (fresh pages cost a fault per 4 KiB)
         self._server: asyncio.AbstractServer | None = None
+        self._local_servers: list[asyncio.AbstractServer] = []  # the same-host Unix sockets (rpc/local.py)
+        self.local_addrs: list[str] = []  # the addresses whose local socket this server holds
         # metrics_hook(method, seconds, status or None, payload bytes in, payload bytes out)
         self.metrics_hook: Callable[[str, float, StatusCode | None, int, int], None] | None = None
 
@@ -432,18 +435,34 @@ class RpcServer:
         if self.metrics_hook is not None:
             self.metrics_hook(method, seconds, code, bytes_in, bytes_out)
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, *, advertise_host: str = "", local: bool = True) -> int:
+        """Listen on TCP `host:port` (port 0: any free one; returned) and, with `local`, on the Unix socket
+        of every address same-host clients may know this server by (rpc/local.py)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: ServerConnection(self), host, port,
                                                 reuse_address=True, backlog=1024)
-        return self._server.sockets[0].getsockname()[1]
+        port = self._server.sockets[0].getsockname()[1]
+        if local:
+            try:
+                for addr in local_socket.addresses(host, port, advertise_host):
+                    sock = local_socket.listen(addr)
+                    self._local_servers.append(await loop.create_unix_server(lambda: ServerConnection(self),
+                                                                             sock=sock, backlog=1024))
+                    self.local_addrs.append(addr)
+            except BaseException:
+                await self.stop()
+                raise
+        return port
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        servers = [s for s in (self._server, *self._local_servers) if s is not None]
+        for server in servers:
+            server.close()
+        if servers:
             for conn in list(self.connections):
                 conn.transport.close()
-            await self._server.wait_closed()
+            for server in servers:
+                await server.wait_closed()
 
 
 def token_authenticator(expected: str) -> Authenticator:
