@@ -22,6 +22,7 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from threefs.common.eager import Resumed
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 
 # FoundationDB's limits: they keep a transaction small enough to resolve and apply quickly.
@@ -138,17 +139,18 @@ class KVEngine(abc.ABC):
         previous: Transaction | None = None  # the previous attempt's (cancelled) transaction
         while True:  # bounded: each pass uses one of retries_max + 1 attempts
             tr = self._attempt_transaction(attempt, previous)
-            scope = asyncio.timeout_at(deadline)
+            scope = None
             try:
+                # Stepped by hand (common/eager.py): an attempt that never waits (a read served from the
+                # engine's cache, a local commit) needs no deadline timer; one that waits gets it from there.
+                coro = self._run_attempt(fn, tr)
+                try:
+                    first = coro.send(None)
+                except StopIteration as done:
+                    return done.value
+                scope = asyncio.timeout_at(deadline)
                 async with scope:
-                    try:
-                        result = await fn(tr)
-                    except Exception as exc:
-                        if not (isinstance(exc, ThreeFSError) and exc.code in RETRYABLE_CODES):
-                            await self._check_error(tr, exc)
-                        raise
-                    await tr.commit()
-                return result
+                    return await Resumed(coro, first)
             except ThreeFSError as exc:
                 tr.cancel()
                 if exc.code not in RETRYABLE_CODES or attempt >= retries_max:
@@ -161,7 +163,7 @@ class KVEngine(abc.ABC):
                 previous = tr
             except TimeoutError:
                 tr.cancel()
-                if not scope.expired():  # fn's own timeout, not our deadline
+                if scope is None or not scope.expired():  # fn's own timeout, not our deadline
                     raise
                 raise status_error(StatusCode.TIMEOUT, f"KV transaction did not finish within {timeout_s} s "
                                    f"({attempt + 1} attempts)") from None
@@ -171,6 +173,17 @@ class KVEngine(abc.ABC):
             await asyncio.sleep(delay_s)
             backoff_s = min(backoff_s * 2, RETRY_BACKOFF_S_MAX)
             attempt += 1
+
+    async def _run_attempt(self, fn: Callable[[Transaction], Awaitable[T]], tr: Transaction) -> T:
+        """One attempt of run(): fn, then the commit."""
+        try:
+            result = await fn(tr)
+        except Exception as exc:
+            if not (isinstance(exc, ThreeFSError) and exc.code in RETRYABLE_CODES):
+                await self._check_error(tr, exc)
+            raise
+        await tr.commit()
+        return result
 
     def _attempt_transaction(self, attempt: int, previous: Transaction | None) -> Transaction:
         """run()'s hook: the transaction of attempt number `attempt` (0 first); `previous` is the previous

@@ -24,6 +24,7 @@ import msgspec
 
 from threefs.common import limits
 from threefs.common.buffers import BufferPool, Lease
+from threefs.common.eager import Resumed
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc import local as local_socket
 from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RESPONSE, KIND_RTS, FilePayload,
@@ -105,40 +106,6 @@ class _StandIn:
         self.task = task
         if self._cancels:
             task.cancel(self._cancel_msg)
-
-
-class _Resumed:
-    """A coroutine that was run by hand up to its first suspension, to be resumed by whoever awaits (or a
-    Task that runs) this: it first yields what the coroutine yielded, then delegates to it."""
-
-    __slots__ = ("_coro", "_first", "_fresh")
-
-    def __init__(self, coro, first) -> None:
-        self._coro = coro
-        self._first = first
-        self._fresh = True
-
-    def send(self, value):
-        if self._fresh:
-            self._fresh = False
-            return self._first
-        return self._coro.send(value)
-
-    def throw(self, *exc):
-        self._fresh = False
-        return self._coro.throw(*exc)
-
-    def close(self) -> None:
-        self._coro.close()
-
-    def __next__(self):
-        return self.send(None)
-
-    def __iter__(self):
-        return self
-
-    def __await__(self):
-        return self
 
 
 class ServerConnection(FramedProtocol):
@@ -261,7 +228,7 @@ class ServerConnection(FramedProtocol):
             return
         finally:
             _leave_task(loop, stand_in)
-        task = loop.create_task(_Resumed(coro, first), context=context)
+        task = loop.create_task(Resumed(coro, first), context=context)
         stand_in.hand_over(task)
         self.tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -359,7 +326,7 @@ class ServerConnection(FramedProtocol):
                 result = done.value
             else:
                 async with asyncio.timeout_at(ctx.deadline):
-                    result = await _Resumed(coro, first)
+                    result = await Resumed(coro, first)
             rsp, out = result if isinstance(result, tuple) else (result, None)
             rsp_header = Header(KIND_RESPONSE, header.rid, body=msgspec.Raw(body_encoder.encode(rsp)))
             if out is None:
