@@ -222,3 +222,30 @@ def test_other_network_namespace_gets_tcp(tmp_path, monkeypatch):
             proc.wait(timeout=30)
     finally:
         subprocess.run(["ip", "netns", "del", ns])
+
+
+def test_blocking_call_times_out_on_either_transport(transport):
+    """The blocking client waits for an answer in poll() on a Unix socket (rpc/blocking.py) and in recv()
+    with SO_RCVTIMEO on TCP: either way a server that does not answer in time is a Broken connection."""
+    import msgspec
+
+    from threefs.rpc.frame import KIND_REQUEST, body_encoder
+
+    async def main():
+        server, port = await _server()
+        try:
+            def call():
+                conn = BlockingConnection(f"127.0.0.1:{port}", TOKEN, "slow", 0.3)
+                try:
+                    assert conn.sock.family == (socket.AF_UNIX if transport == "unix" else socket.AF_INET)
+                    header = conn.exchange(KIND_REQUEST, "echo.echo", body_encoder.encode(EchoReq("fast")), 5.0)
+                    assert msgspec.msgpack.decode(header.body, type=EchoRsp).text == "fast"
+                    with pytest.raises(Broken, match="timed out"):
+                        conn.exchange(KIND_REQUEST, "echo.echo", body_encoder.encode(EchoReq("slow", delay_s=2)),
+                                      5.0)
+                finally:
+                    conn.close()
+            await asyncio.to_thread(call)
+        finally:
+            await server.stop()
+    asyncio.run(main())
