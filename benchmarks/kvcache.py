@@ -4,8 +4,9 @@
                                            [--redis-mib 256] [--cache-ratio 4] [--get-batches 12]
                                            [--storage 3] [--replicas 3]
 
-Redis: Debian's redis-server, started here on a loopback port with `--maxmemory REDIS_MIB` (allkeys-lru,
-no persistence); clients: redis-py + hiredis, one pipeline per batch (MSETs of at most 8 MiB of its pages / one MGET of its keys).
+Redis: Debian's redis-server, started here on a loopback port and a Unix socket with `--maxmemory REDIS_MIB`
+(allkeys-lru, no persistence), reached the way threefs's clients reach this host's services (its Unix socket;
+loopback TCP with THREEFS_RPC_LOCAL=0); clients: redis-py + hiredis, one pipeline per batch (MSETs of at most 8 MiB of its pages / one MGET of its keys).
 threefs: a local cluster (`threefs up`'s shape: STORAGE storage processes, R replicas) and one KVCache of
 `cache-ratio` x REDIS_MIB, filled completely, so it holds that many times the RAM Redis was given.
 For each page size: puts (the fill, 1 client; then C clients on the full cache, evicting), gets of random
@@ -32,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks.common import local_cluster  # noqa: E402
 from threefs.common.net import free_port  # noqa: E402
+from benchmarks.refserver import default_transport  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 DISTINCT_PAGES = 16  # page contents cycled through (random bytes; every key has one)
@@ -79,7 +81,7 @@ def _threefs_worker(conf, root, page, batch, op, keys, start_at, out):
 def _redis_worker(port, page, batch, op, keys, start_at, out):
     import redis
 
-    r = redis.Redis(host="127.0.0.1", port=port)
+    r = _redis(port)
     pool = page_pool(page, 1)
     lat, nbytes, bad = [], 0, 0
     while time.monotonic() < start_at:
@@ -134,13 +136,27 @@ def run(target, args_of, clients: int) -> dict:
             "late_start": t0 - start_at}
 
 
-def start_redis(maxmemory_mib: int, workdir: str) -> tuple[subprocess.Popen, int]:
+def _redis(where):
+    """A client of the benchmark's Redis: `where` is its Unix socket's path, or its loopback TCP port."""
+    import redis
+
+    if isinstance(where, str):
+        return redis.Redis(unix_socket_path=where)
+    return redis.Redis(host="127.0.0.1", port=where)
+
+
+def start_redis(maxmemory_mib: int, workdir: str) -> tuple[subprocess.Popen, int | str]:
+    """Redis on a loopback port and a Unix socket; returns the process and what clients use: the socket
+    when threefs's clients use Unix sockets to reach services on this host (THREEFS_RPC_LOCAL unset or 1),
+    the port otherwise, so that both systems are reached the same way."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise SystemExit("redis-server is not installed (apt-get install redis-server; "
                          "scripts/setup-system.sh does it)")
     port = free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+    unix = os.path.join(workdir, "redis.sock")
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--unixsocket", unix,
+                             "--unixsocketperm", "700", "--save", "", "--appendonly", "no",
                              "--maxmemory", f"{maxmemory_mib}mb", "--maxmemory-policy", "allkeys-lru",
                              "--dir", workdir, "--proto-max-bulk-len", "512mb", "--client-query-buffer-limit", "1gb"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -149,8 +165,9 @@ def start_redis(maxmemory_mib: int, workdir: str) -> tuple[subprocess.Popen, int
     deadline = time.monotonic() + 20
     while True:
         try:
-            redis.Redis(port=port).ping()
-            return proc, port
+            where = unix if default_transport() == "unix" else port
+            _redis(where).ping()
+            return proc, where
         except redis.ConnectionError:
             if time.monotonic() > deadline or proc.poll() is not None:
                 proc.kill()
@@ -175,11 +192,11 @@ def bench_page(page: int, a, conf: str, redis_port: int, rows: list) -> None:
     n_cache = cache_bytes // page
     n_redis = int(0.5 * a.redis_mib * MiB // page)  # what surely stays in Redis's memory (its LRU is approximate)
     fill = batches_of(np.arange(n_cache), a.batch)
-    redis.Redis(port=redis_port).flushall()
+    _redis(redis_port).flushall()
     res = {}
     res["put", 1, "threefs"] = run(_threefs_worker, lambda c: (conf, root, page, a.batch, "put", fill), 1)
     res["put", 1, "redis"] = run(_redis_worker, lambda c: (redis_port, page, a.batch, "put", fill), 1)
-    info = redis.Redis(port=redis_port).info("memory")
+    info = _redis(redis_port).info("memory")
     with Client.connect(conf) as fs:
         held = KVCache(fs, root, page_bytes=0, capacity_bytes=0).stats()["used_bytes"]
     rng = np.random.default_rng(page)
@@ -262,7 +279,8 @@ def main() -> None:
     if a.redis_mib * MiB < 8 * MSET_BYTES_MAX * max(a.clients):  # query buffers count against maxmemory
         raise SystemExit(f"--redis-mib {a.redis_mib} is too small for {max(a.clients)} clients' MSETs of "
                          f"{MSET_BYTES_MAX // MiB} MiB (Redis answers OOM)")
-    print(f"load average at start: {open('/proc/loadavg').read().strip()}")
+    print(f"load average at start: {open('/proc/loadavg').read().strip()}; transport to this host's services "
+          f"(threefs and Redis): {default_transport()}")
     rows: list = []
     with tempfile.TemporaryDirectory(prefix="kvbench-") as tmp:
         rproc, rport = start_redis(a.redis_mib, tmp)

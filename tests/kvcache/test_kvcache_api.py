@@ -93,6 +93,23 @@ def test_two_clients_share_a_cache(fs, cluster, d, rng):
         b.close()
 
 
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_service_is_reached_over_its_unix_socket_on_this_host_or_tcp(fs, d, rng, monkeypatch, transport):
+    """kvcache-1 runs on this host: a client reaches it through its Unix socket (threefs/rpc/local.py),
+    or over TCP with THREEFS_RPC_LOCAL=0; the answers are the same."""
+    import socket
+
+    monkeypatch.setenv("THREEFS_RPC_LOCAL", "1" if transport == "unix" else "0")
+    cache = KVCache(fs, f"{d}/c", page_bytes=PAGE, capacity_bytes=8 * PAGE)
+    try:
+        assert cache._meta._sock.family == (socket.AF_UNIX if transport == "unix" else socket.AF_INET)
+        keys, data = [b"u%d" % i for i in range(3)], pages(rng, 3)
+        assert cache.batch_put(keys, data) == [True] * 3
+        assert cache.batch_exists(keys + [b"absent"]) == 3
+    finally:
+        cache.close()
+
+
 def test_eviction_keeps_space_within_capacity(fs, d, rng):
     slots = 20
     cache = KVCache(fs, f"{d}/c", page_bytes=PAGE, capacity_bytes=slots * PAGE)

@@ -1,4 +1,4 @@
-"""The kvcache meta service's wire format: length-prefixed msgpack frames over TCP.
+"""The kvcache meta service's wire format: length-prefixed msgpack frames over TCP (a Unix socket on one host).
 
     request  = [request_id, op, {args}]
     response = [request_id, status_code, result | message]

@@ -29,6 +29,7 @@ import time
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.kvcache import protocol
 from threefs.kvcache.index import CacheIndex, Entry, Reservation
+from threefs.rpc import local as local_socket
 
 log = logging.getLogger("threefs.kvcache")
 
@@ -401,6 +402,19 @@ async def serve(config) -> None:
     svc = KVCacheService(store, _cap_reader(fs))
     server = await asyncio.start_server(lambda r, w: _serve_connection(svc, r, w), config.listen_host,
                                         config.port, limit=protocol.FRAME_BYTES_MAX)
+    servers = [server]
+    if config.local_socket:  # same-host clients connect through a Unix socket (threefs/rpc/local.py)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            for addr in local_socket.addresses(config.listen_host, port, config.advertise_host):
+                servers.append(await asyncio.start_unix_server(lambda r, w: _serve_connection(svc, r, w),
+                                                               sock=local_socket.listen(addr),
+                                                               limit=protocol.FRAME_BYTES_MAX))
+        except OSError as exc:
+            for s in servers:
+                s.close()
+            raise SystemExit(f"{config.name}: cannot listen on {config.listen_host}:{port}: "
+                             f"{exc.strerror or exc}") from None
     while True:  # meta may not serve yet
         try:
             await asyncio.to_thread(_publish, fs, config.addr)
@@ -430,7 +444,8 @@ async def serve(config) -> None:
                     await asyncio.to_thread(_publish, fs, config.addr)
             except ThreeFSError as exc:
                 log.info("checking %s: %s", SERVICE_FILE, exc)
-    server.close()
+    for s in servers:
+        s.close()
     svc.tick()
     store.close()
     await asyncio.to_thread(fs.close, 5)
