@@ -66,3 +66,30 @@ def test_calls_keep_to_one_meta_server_and_move_when_it_dies(private_cluster):
         assert not fs.exists("/aff")
     finally:
         fs.close()
+
+
+def test_async_calls_keep_to_one_meta_server_and_move_when_it_dies(private_cluster):
+    """The event loop's path (the FUSE daemon, the S3 gateway, the asyncio API) keeps to one server as the
+    thread path does: alternating made each server find the other's commit in the shared SQLite file and
+    drop its caches (mount create+close / unlink: ~385 -> ~290 us of meta CPU each)."""
+    cluster = private_cluster(meta=2)
+    fs = Client.connect(str(cluster.client_config_path))
+    try:
+        fs.write_bytes("/aaff", b"abc")
+
+        def stats(n: int, up: tuple[str, ...] = METAS) -> dict[str, float]:
+            before = {name: _served(cluster, name) for name in up}
+            for _ in range(n):
+                assert fs.run(fs.aio.stat("/aaff")).length == 3
+            return {name: _served(cluster, name) - before[name] for name in up}
+
+        served = stats(40)
+        assert sorted(served.values()) == [0, 40], served
+        kept = next(name for name, n in served.items() if n == 40)
+        other = next(name for name in METAS if name != kept)
+        cluster.kill(kept)
+        wait_for(lambda: stat_answers(fs, "/aaff"), f"calls failing over from {kept} to {other}", 60)
+        assert stats(40, up=(other,)) == {other: 40}
+        fs.remove("/aaff")
+    finally:
+        fs.close()

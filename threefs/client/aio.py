@@ -7,6 +7,8 @@ import collections
 import itertools
 import logging
 import os
+import socket
+import zlib
 
 import numpy as np
 
@@ -32,7 +34,13 @@ class AsyncClient:
         self.rpc = RpcClient(config.token, senders_max=config.request_to_send)
         self.mgmtd = MgmtdClient(self.rpc, config.mgmtd)
         self.storage = StorageClient(self.rpc, self.mgmtd, timeout=config.timeout_s)
-        self._meta_rr = itertools.count()
+        # [meta] Calls keep to the meta server that answered last; the first is picked by a seed of host and
+        # process id, so that processes spread over the servers (the thread path, meta_sync.py, does the
+        # same). The meta servers of a host share one SQLite file: a server that sees only its own commits
+        # keeps its caches (SQLite's pages, the KV read cache); calls alternating between two servers made
+        # each call find the other server's commit and start over.
+        self._meta_seed = zlib.crc32(socket.gethostname().encode()) + os.getpid()
+        self.meta_keep_to: int | None = None  # node id of the meta server that answered last
         self._refresher: asyncio.Task | None = None
         # [meta] request ids make retried mutations idempotent; acting_user is sent on every meta call
         # that takes a user (only privileged tokens may set it: the FUSE daemon sets it per call instead)
@@ -71,16 +79,25 @@ class AsyncClient:
             req.request_id = next(self._meta_request_ids)
         if self.acting_user is not None and getattr(req, "user", 0) is None:
             req.user = self.acting_user
-        start = next(self._meta_rr)
+        n = len(servers)
+        start = self._meta_seed % n
+        keep_to = self.meta_keep_to
+        if keep_to is not None:
+            for i, node in enumerate(servers):
+                if node.node_id == keep_to:
+                    start = i
+                    break
         errors = []
-        for i in range(len(servers)):
-            node = servers[(start + i) % len(servers)]
+        for i in range(n):
+            node = servers[(start + i) % n]
             try:
                 rsp, _ = await self.rpc.call(node.addr, f"meta.{method}", req, rsp_type,
                                              timeout=self.config.timeout_s)
+                self.meta_keep_to = node.node_id
                 return rsp
             except ThreeFSError as e:
                 if e.code not in (StatusCode.UNAVAILABLE, StatusCode.TIMEOUT):
+                    self.meta_keep_to = node.node_id  # it answered
                     raise
                 errors.append(f"meta {node.node_id} at {node.addr}: {e.message}")
         raise status_error(StatusCode.UNAVAILABLE, "; ".join(errors))

@@ -2,9 +2,9 @@
 
 A server that listens on TCP `HOST:PORT` also listens on the Unix socket named `NAME_PREFIX + "HOST:PORT"`
 in Linux's abstract namespace (one for each address by which TCP reaches that listener from this namespace:
-see `addresses`). A client that is to call `ADDR` first
-connects to that name; when nothing listens there (ECONNREFUSED, at once: no file, no timeout) it connects
-over TCP as before. The wire, the hello, the tokens and everything above are the same on both.
+see `addresses`). A client that is to call `ADDR` first connects to that name; when nothing listens there
+(ECONNREFUSED, at once: no file, no timeout) it connects over TCP as before. The wire, the hello, the tokens
+and everything above are the same on both.
 
 Why: a round trip over loopback TCP pays the TCP/IP stack twice per message (the sender's system call runs
 the receiver's TCP input too); a Unix socket hands the bytes over directly. Measured on this machine's kind
@@ -14,14 +14,18 @@ the receiver's TCP input too); a Unix socket hands the bytes over directly. Meas
 Why this is safe:
 - Abstract names belong to a network namespace, as TCP ports on its addresses do: a client reaches a name
   only in its own namespace, where `HOST:PORT` leads to the same process over TCP (only such addresses get
-  a name: not an advertised address that a proxy or NAT answers). A client in another namespace (another "host" of a test lab) finds no name and uses TCP, so cutting
-  or capping a namespace's link still cuts or caps every connection that crosses it.
+  a name: not an advertised address that a proxy or NAT answers). A client in another namespace (another
+  "host" of a test lab) finds no name and uses TCP, so cutting or capping a namespace's link still cuts or
+  caps every connection that crosses it.
 - The name is held by the process that holds the TCP port and goes away with it (abstract sockets leave no
   file behind): a restarted server takes it over, a dead one leaves nothing that answers.
 - A name that another process holds already stops the server from starting, as a taken TCP port does
   (`EADDRINUSE`, naming the address): whoever holds a name gets its same-host clients, so a server never
   runs while someone else answers for it. Holding a name needs what holding the port needs (being in the
   namespace, first); unlike a TCP port below 1024, no name is reserved to root.
+
+A blocking client waits for answers in poll() on a Unix socket (rpc/blocking.py): a reader blocked in
+recv() there is also woken when the server reads its request, a wasted context switch per call.
 
 `THREEFS_RPC_LOCAL=0` in a client's environment makes it use TCP only; `local_socket = false` in a service's
 config makes the service listen on TCP only (its clients then use TCP).
