@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+from threefs.common.net import free_port
 from threefs.common.status import StatusCode, ThreeFSError, UnavailableError
 from threefs.rpc import local
 from threefs.rpc.blocking import BlockingConnection, Broken
@@ -19,10 +20,10 @@ from threefs.rpc.server import RpcServer, token_authenticator
 from tests.rpc.test_rpc import TOKEN, Echo, EchoReq, EchoRsp
 
 
-async def _server(host="127.0.0.1", **kw):
+async def _server(host="127.0.0.1", port=0, **kw):
     server = RpcServer("echo", token_authenticator(TOKEN))
     server.add_service("echo", Echo())
-    port = await server.start(host, 0, **kw)
+    port = await server.start(host, port, **kw)
     return server, port
 
 
@@ -105,7 +106,8 @@ def test_advertised_address_in_front_of_the_server_gets_no_name():
 
 def test_names_go_with_the_server():
     async def main():
-        server, port = await _server()
+        # a port below the ephemeral range: no outgoing connection takes it between the two servers
+        server, port = await _server(port=free_port())
         addr = f"127.0.0.1:{port}"
         await server.stop()
         assert local.connect_nonblocking(addr) is None
@@ -128,9 +130,7 @@ def test_a_held_name_stops_the_server_from_starting():
     """Whoever holds a name gets the same-host clients of that address: a server whose name is taken does
     not start (as with a taken TCP port), and leaves neither its port nor any name bound."""
     async def main():
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()  # below the ephemeral range: no outgoing connection takes it meanwhile
         squatter = socket.socket(socket.AF_UNIX)
         squatter.bind(local.name_of(f"localhost:{port}"))
         squatter.listen()
@@ -167,9 +167,7 @@ def test_unix_socket_checks_token_as_tcp_does():
 
 def test_no_server_at_all_is_unavailable():
     async def main():
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()  # below the ephemeral range: no outgoing connection takes it meanwhile
         client = RpcClient(TOKEN, connect_timeout=2.0)
         try:
             with pytest.raises(UnavailableError):
