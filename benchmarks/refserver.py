@@ -7,7 +7,7 @@ blocking connection and one thread per server and `recv_into`s a preallocated bu
 dealt to the servers round-robin. No checksums, no replication, no metadata: a ceiling for the software,
 not a peer. benchmarks/client_io.py prints threefs's figures as ratios to it.
 
-The transport is the one threefs's clients use on one host: Unix sockets (threefs/rpc/local.py) unless
+The transport is the one threefs's clients use on one host: Unix sockets (threefs/common/local_socket.py) unless
 THREEFS_RPC_LOCAL=0, then loopback TCP; `RefServers(..., transport=...)` picks one explicitly.
 
     .venv/bin/python benchmarks/refserver.py FILE [--size 4096] [--seconds 4]
@@ -63,7 +63,7 @@ def _serve(path: str, listener: socket.socket, buf_bytes: int) -> None:
 
 
 def default_transport() -> str:
-    """What threefs's clients use to reach servers of this host (threefs/rpc/local.py)."""
+    """What threefs's clients use to reach servers of this host (threefs/common/local_socket.py)."""
     return "tcp" if os.environ.get("THREEFS_RPC_LOCAL", "1").strip().lower() in ("0", "false", "no", "off") \
         else "unix"
 

@@ -95,7 +95,7 @@ def test_two_clients_share_a_cache(fs, cluster, d, rng):
 
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
 def test_service_is_reached_over_its_unix_socket_on_this_host_or_tcp(fs, d, rng, monkeypatch, transport):
-    """kvcache-1 runs on this host: a client reaches it through its Unix socket (threefs/rpc/local.py),
+    """kvcache-1 runs on this host: a client reaches it through its Unix socket (threefs/common/local_socket.py),
     or over TCP with THREEFS_RPC_LOCAL=0; the answers are the same."""
     import socket
 

@@ -1,5 +1,5 @@
 """Every RPC test runs over both transports a client may use: a same-host server's Unix socket (the default
-on one host, rpc/local.py) and TCP (what crosses hosts; THREEFS_RPC_LOCAL=0 makes a client use it)."""
+on one host, common/local_socket.py) and TCP (what crosses hosts; THREEFS_RPC_LOCAL=0 makes a client use it)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Same-host connections over Unix sockets (rpc/local.py): which transport a client gets, and that the
+"""Same-host connections over Unix sockets (common/local_socket.py): which transport a client gets, and that the
 server's Unix socket behaves as its TCP port does (same hello, same refusals, gone with the server)."""
 
 import asyncio
@@ -11,9 +11,9 @@ import textwrap
 
 import pytest
 
+from threefs.common import local_socket as local
 from threefs.common.net import free_port
 from threefs.common.status import StatusCode, ThreeFSError, UnavailableError
-from threefs.rpc import local
 from threefs.rpc.blocking import BlockingConnection, Broken
 from threefs.rpc.client import RpcClient
 from threefs.rpc.server import RpcServer, token_authenticator
@@ -192,7 +192,7 @@ def test_other_network_namespace_gets_tcp(tmp_path, monkeypatch):
         script = textwrap.dedent(f"""
             import asyncio, socket, sys
             sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parents[2])!r})
-            from threefs.rpc import local
+            from threefs.common import local_socket as local
             from tests.rpc.test_rpc_local import _server
             async def main():
                 server, port = await _server()
@@ -210,7 +210,7 @@ def test_other_network_namespace_gets_tcp(tmp_path, monkeypatch):
             check = subprocess.run(
                 ["ip", "netns", "exec", ns, sys.executable, "-c",
                  f"import sys; sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parents[2])!r}); "
-                 f"from threefs.rpc import local; s = local.connect_blocking('127.0.0.1:{port}', 2.0); "
+                 f"from threefs.common import local_socket as local; s = local.connect_blocking('127.0.0.1:{port}', 2.0); "
                  "print(s is not None)"],
                 capture_output=True, text=True, timeout=60)
             assert check.stdout.strip() == "True", check.stderr

@@ -64,7 +64,7 @@ class ServiceConfig(msgspec.Struct, kw_only=True):
     scrub_interval_s: float = 600.0  # storage: one full checksum pass per interval (0 = off)
     metrics_port: int = 0  # 0 = no Prometheus endpoint
     # Also listen on a Unix socket (Linux abstract namespace, named for the TCP address): clients in the
-    # same network namespace connect through it instead of loopback TCP (rpc/local.py; docs/operations.md).
+    # same network namespace connect through it instead of loopback TCP (common/local_socket.py; docs/operations.md).
     local_socket: bool = True
     log_level: str = "INFO"
 

@@ -32,13 +32,13 @@ import time
 
 import crc32c
 
+from threefs.common import local_socket
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.kvcache import protocol
 
 DISCOVER_WAIT_S = 15.0  # longer than the service checks its registration (service.REGISTRATION_CHECK_S)
 from threefs.kvcache.index import BATCH_KEYS_MAX, EXISTS, RESERVED
 from threefs.kvcache.service import SERVICE_FILE
-from threefs.rpc import local as local_socket
 
 CAP_READ = ".cap-read"
 CAP_WRITE = ".cap-write"
@@ -127,7 +127,7 @@ class MetaConnection:
         if self._sock is None:
             self.addr = self._discover()
             host, port = self.addr.rsplit(":", 1)
-            # The service's Unix socket when it runs on this host (threefs/rpc/local.py), else TCP. Python's
+            # The service's Unix socket when it runs on this host (threefs/common/local_socket.py), else TCP. Python's
             # socket timeout waits in poll() before each recv, which also keeps a Unix socket's wake-up at
             # the server's read of the request from waking this thread (rpc/blocking.py).
             sock = local_socket.connect_blocking(self.addr, min(5.0, self.timeout_s))

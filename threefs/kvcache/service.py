@@ -26,10 +26,10 @@ import os
 import sqlite3
 import time
 
+from threefs.common import local_socket
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.kvcache import protocol
 from threefs.kvcache.index import CacheIndex, Entry, Reservation
-from threefs.rpc import local as local_socket
 
 log = logging.getLogger("threefs.kvcache")
 
@@ -403,7 +403,7 @@ async def serve(config) -> None:
     server = await asyncio.start_server(lambda r, w: _serve_connection(svc, r, w), config.listen_host,
                                         config.port, limit=protocol.FRAME_BYTES_MAX)
     servers = [server]
-    if config.local_socket:  # same-host clients connect through a Unix socket (threefs/rpc/local.py)
+    if config.local_socket:  # same-host clients connect through a Unix socket (threefs/common/local_socket.py)
         port = server.sockets[0].getsockname()[1]
         try:
             for addr in local_socket.addresses(config.listen_host, port, config.advertise_host):

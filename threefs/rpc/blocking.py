@@ -22,9 +22,8 @@ import time
 
 import msgspec
 
-from threefs.common import limits
+from threefs.common import limits, local_socket
 from threefs.common.status import StatusCode, status_error
-from threefs.rpc import local as local_socket
 from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_RTS, MAGIC, PREFIX, PREFIX_BYTES, Header, Scatter,
                                body_encoder, encode_frame_head)
 from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
@@ -55,7 +54,7 @@ class BlockingConnection:
         host, _, port = addr.rpartition(":")
         connect_timeout = min(timeout, limits.CONNECT_TIMEOUT_S)
         try:
-            # A same-host server's Unix socket when it has one (rpc/local.py), else TCP.
+            # A same-host server's Unix socket when it has one (common/local_socket.py), else TCP.
             self.sock = local_socket.connect_blocking(addr, connect_timeout)
             if self.sock is None:
                 self.sock = socket.create_connection((host, int(port)), timeout=connect_timeout)

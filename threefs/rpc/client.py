@@ -18,9 +18,8 @@ import uuid
 
 import msgspec
 
-from threefs.common import limits
+from threefs.common import limits, local_socket
 from threefs.common.status import StatusCode, ThreeFSError, UnavailableError, status_error
-from threefs.rpc import local as local_socket
 from threefs.rpc.frame import KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RTS, Header, Scatter, body_encoder
 from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
 from threefs.rpc.transport import FramedProtocol

@@ -22,11 +22,10 @@ from typing import Any, Awaitable, Callable
 
 import msgspec
 
-from threefs.common import limits
+from threefs.common import limits, local_socket
 from threefs.common.buffers import BufferPool, Lease
 from threefs.common.eager import Resumed
 from threefs.common.status import StatusCode, ThreeFSError, status_error
-from threefs.rpc import local as local_socket
 from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RESPONSE, KIND_RTS, FilePayload,
                                FrameError, Header, body_encoder)
 from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
@@ -383,7 +382,7 @@ class RpcServer:
         self.connections: set[ServerConnection] = set()
         self.pool = BufferPool()  # payload buffers, reused (fresh pages cost a fault per 4 KiB)
         self._server: asyncio.AbstractServer | None = None
-        self._local_servers: list[asyncio.AbstractServer] = []  # the same-host Unix sockets (rpc/local.py)
+        self._local_servers: list[asyncio.AbstractServer] = []  # the same-host Unix sockets (common/local_socket.py)
         self.local_addrs: list[str] = []  # the addresses whose local socket this server holds
         # metrics_hook(method, seconds, status or None, payload bytes in, payload bytes out)
         self.metrics_hook: Callable[[str, float, StatusCode | None, int, int], None] | None = None
@@ -404,7 +403,7 @@ class RpcServer:
 
     async def start(self, host: str, port: int, *, advertise_host: str = "", local: bool = True) -> int:
         """Listen on TCP `host:port` (port 0: any free one; returned) and, with `local`, on the Unix socket
-        of every address same-host clients may know this server by (rpc/local.py)."""
+        of every address same-host clients may know this server by (common/local_socket.py)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: ServerConnection(self), host, port,
                                                 reuse_address=True, backlog=1024)
