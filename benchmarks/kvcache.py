@@ -6,7 +6,8 @@
 
 Redis: Debian's redis-server, started here on a loopback port and a Unix socket with `--maxmemory REDIS_MIB`
 (allkeys-lru, no persistence), reached the way threefs's clients reach this host's services (its Unix socket;
-loopback TCP with THREEFS_RPC_LOCAL=0); clients: redis-py + hiredis, one pipeline per batch (MSETs of at most 8 MiB of its pages / one MGET of its keys).
+loopback TCP with THREEFS_RPC_LOCAL=0); clients: redis-py + hiredis, one pipeline per batch (MSETs of at most
+8 MiB of its pages / one MGET of its keys).
 threefs: a local cluster (`threefs up`'s shape: STORAGE storage processes, R replicas) and one KVCache of
 `cache-ratio` x REDIS_MIB, filled completely, so it holds that many times the RAM Redis was given.
 For each page size: puts (the fill, 1 client; then C clients on the full cache, evicting), gets of random

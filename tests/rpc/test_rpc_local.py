@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,8 @@ from threefs.rpc.blocking import BlockingConnection, Broken
 from threefs.rpc.client import RpcClient
 from threefs.rpc.server import RpcServer, token_authenticator
 from tests.rpc.test_rpc import TOKEN, Echo, EchoReq, EchoRsp
+
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 async def _server(host="127.0.0.1", port=0, **kw):
@@ -191,7 +194,7 @@ def test_other_network_namespace_gets_tcp(tmp_path, monkeypatch):
         subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
         script = textwrap.dedent(f"""
             import asyncio, socket, sys
-            sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parents[2])!r})
+            sys.path.insert(0, {ROOT!r})
             from threefs.common import local_socket as local
             from tests.rpc.test_rpc_local import _server
             async def main():
@@ -209,9 +212,8 @@ def test_other_network_namespace_gets_tcp(tmp_path, monkeypatch):
             assert local.connect_nonblocking(f"127.0.0.1:{port}") is None
             check = subprocess.run(
                 ["ip", "netns", "exec", ns, sys.executable, "-c",
-                 f"import sys; sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parents[2])!r}); "
-                 f"from threefs.common import local_socket as local; s = local.connect_blocking('127.0.0.1:{port}', 2.0); "
-                 "print(s is not None)"],
+                 f"import sys; sys.path.insert(0, {ROOT!r}); from threefs.common import local_socket as local; "
+                 f"print(local.connect_blocking('127.0.0.1:{port}', 2.0) is not None)"],
                 capture_output=True, text=True, timeout=60)
             assert check.stdout.strip() == "True", check.stderr
         finally:
