@@ -45,6 +45,13 @@ def test_client_uses_unix_socket_of_same_host_server_and_tcp_when_told(transport
             assert rsp.text == "hi" and bytes(out) == b"x" * 300_000
             want = socket.AF_UNIX if transport == "unix" else socket.AF_INET
             assert _family(client, addr) == want
+            # logs name the other side: the server's socket name / the client's process, or host:port
+            peers = [c.peer for c in server.connections]
+            if transport == "unix":
+                assert client._conns[addr].peer == f"@threefs-rpc/{addr}"
+                assert peers == [f"local pid {os.getpid()} (uid {os.getuid()})"]
+            else:
+                assert client._conns[addr].peer == addr and peers[0].startswith("127.0.0.1:")
             # "localhost" is one of the names the server holds: same transport, same server
             rsp, _ = await client.call(f"localhost:{port}", "echo.echo", EchoReq("lo"), EchoRsp)
             assert rsp.text == "lo" and _family(client, f"localhost:{port}") == want

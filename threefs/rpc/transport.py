@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import struct
 
 from threefs.rpc.frame import FilePayload, FrameError, FrameReader, Header, encode_frame_head
 
 log = logging.getLogger(__name__)
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid (SO_PEERCRED)
 
 
 class FramedProtocol(asyncio.BufferedProtocol):
@@ -91,10 +94,24 @@ class FramedProtocol(asyncio.BufferedProtocol):
     # writing --------------------------------------------------------------------------------------
     @property
     def peer(self) -> str:
+        """host:port over TCP; "local pid P (uid U)" for a same-host client on a Unix socket (its kernel
+        credentials), the server's socket name for a client's own Unix connection."""
         if self.transport is None:
             return "?"
         p = self.transport.get_extra_info("peername")
-        return f"{p[0]}:{p[1]}" if p else "?"
+        if isinstance(p, tuple) and len(p) >= 2:
+            return f"{p[0]}:{p[1]}"
+        if p:  # a Unix socket's name (the server's, seen from its client): "@threefs-rpc/HOST:PORT"
+            name = p.decode(errors="replace") if isinstance(p, bytes) else str(p)
+            return "@" + name[1:] if name.startswith("\0") else name
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None and sock.family == socket.AF_UNIX:
+            try:
+                pid, uid, _ = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+                return f"local pid {pid} (uid {uid})"
+            except OSError:
+                return "local"
+        return "?"
 
     def is_closing(self) -> bool:
         return self.transport is None or self.transport.is_closing()
