@@ -412,8 +412,13 @@ class RpcServer:
             try:
                 for addr in local_socket.addresses(host, port, advertise_host):
                     sock = local_socket.listen(addr)
-                    self._local_servers.append(await loop.create_unix_server(lambda: ServerConnection(self),
-                                                                             sock=sock, backlog=1024))
+                    try:
+                        server = await loop.create_unix_server(lambda: ServerConnection(self), sock=sock,
+                                                               backlog=1024)
+                    except BaseException:
+                        sock.close()
+                        raise
+                    self._local_servers.append(server)
                     self.local_addrs.append(addr)
             except BaseException:
                 await self.stop()
