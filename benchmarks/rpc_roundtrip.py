@@ -8,6 +8,8 @@ calls use) sending a small request and waiting for its answer, `--requests` time
              runs it: hello/token check, frame parsing, dispatch, deadline, metrics hook, the reply
   plain      the same wire (16-byte prefix + msgpack header and body) served by a thread per connection with
              blocking sockets: read a frame, decode the header and body, encode the answer, sendall
+Both servers listen on TCP and on the same-host Unix socket (threefs/common/local_socket.py): the client
+reaches both the same way (Unix by default; THREEFS_RPC_LOCAL=0: TCP).
 Printed: round trips per second, client CPU µs per call, server CPU µs per call (user + system, from /proc),
 and threefs / plain. The machine is shared: compare within one run (docs/meta.md, "The request path").
 """
@@ -70,7 +72,8 @@ def _plain_server(q) -> None:
     encode = msgspec.msgpack.Encoder().encode
 
     def serve(conn: socket.socket) -> None:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if conn.family != socket.AF_UNIX:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buf = bytearray(1 << 16)
         view = memoryview(buf)
         start = end = 0
@@ -97,11 +100,22 @@ def _plain_server(q) -> None:
             if start == end:
                 start = end = 0
 
+    def accept(listener: socket.socket) -> None:
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
     listener = socket.create_server(("127.0.0.1", 0))
-    q.put(listener.getsockname()[1])
-    while True:
-        conn, _ = listener.accept()
-        threading.Thread(target=serve, args=(conn,), daemon=True).start()
+    port = listener.getsockname()[1]
+    # The same-host Unix socket threefs's servers also have (threefs/common/local_socket.py): the client
+    # picks the same transport for both servers (THREEFS_RPC_LOCAL=0: TCP for both).
+    from threefs.common import local_socket
+
+    unix = local_socket.listen(f"127.0.0.1:{port}")
+    unix.setblocking(True)
+    threading.Thread(target=accept, args=(unix,), daemon=True).start()
+    q.put(port)
+    accept(listener)
 
 
 def _client(port: int, requests: int, go, out) -> None:
