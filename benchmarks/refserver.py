@@ -64,8 +64,9 @@ def _serve(path: str, listener: socket.socket, buf_bytes: int) -> None:
 
 def default_transport() -> str:
     """What threefs's clients use to reach servers of this host (threefs/common/local_socket.py)."""
-    return "tcp" if os.environ.get("THREEFS_RPC_LOCAL", "1").strip().lower() in ("0", "false", "no", "off") \
-        else "unix"
+    from threefs.common import local_socket
+
+    return "unix" if local_socket.enabled() else "tcp"
 
 
 class RefServers:

@@ -99,6 +99,19 @@ def listen(addr: str, backlog: int = 1024) -> socket.socket:
     return sock
 
 
+def listen_all(listen_host: str, port: int, advertise_host: str = "") -> list[tuple[str, socket.socket]]:
+    """(address, listening socket) for every name of `addresses`; all or none (OSError: none left open)."""
+    out: list[tuple[str, socket.socket]] = []
+    try:
+        for addr in addresses(listen_host, port, advertise_host):
+            out.append((addr, listen(addr)))
+    except BaseException:
+        for _, sock in out:
+            sock.close()
+        raise
+    return out
+
+
 def connect_blocking(addr: str, timeout: float) -> socket.socket | None:
     """A connected blocking Unix socket to the server of `addr` on this host, or None (use TCP)."""
     return _connect(addr, timeout)

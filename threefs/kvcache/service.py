@@ -406,15 +406,14 @@ async def serve(config) -> None:
     if config.local_socket:  # same-host clients connect through a Unix socket (threefs/common/local_socket.py)
         port = server.sockets[0].getsockname()[1]
         try:
-            for addr in local_socket.addresses(config.listen_host, port, config.advertise_host):
-                servers.append(await asyncio.start_unix_server(lambda r, w: _serve_connection(svc, r, w),
-                                                               sock=local_socket.listen(addr),
-                                                               limit=protocol.FRAME_BYTES_MAX))
+            socks = local_socket.listen_all(config.listen_host, port, config.advertise_host)
         except OSError as exc:
-            for s in servers:
-                s.close()
+            server.close()
             raise SystemExit(f"{config.name}: cannot listen on {config.listen_host}:{port}: "
                              f"{exc.strerror or exc}") from None
+        for _, sock in socks:
+            servers.append(await asyncio.start_unix_server(lambda r, w: _serve_connection(svc, r, w), sock=sock,
+                                                           limit=protocol.FRAME_BYTES_MAX))
     while True:  # meta may not serve yet
         try:
             await asyncio.to_thread(_publish, fs, config.addr)

@@ -410,17 +410,18 @@ class RpcServer:
         port = self._server.sockets[0].getsockname()[1]
         if local:
             try:
-                for addr in local_socket.addresses(host, port, advertise_host):
-                    sock = local_socket.listen(addr)
-                    try:
-                        server = await loop.create_unix_server(lambda: ServerConnection(self), sock=sock,
-                                                               backlog=1024)
-                    except BaseException:
-                        sock.close()
-                        raise
-                    self._local_servers.append(server)
+                socks = local_socket.listen_all(host, port, advertise_host)
+            except BaseException:
+                await self.stop()
+                raise
+            try:
+                for addr, sock in socks:
+                    self._local_servers.append(await loop.create_unix_server(lambda: ServerConnection(self),
+                                                                             sock=sock, backlog=1024))
                     self.local_addrs.append(addr)
             except BaseException:
+                for _, sock in socks[len(self._local_servers):]:  # not taken by a server yet
+                    sock.close()
                 await self.stop()
                 raise
         return port
