@@ -14,6 +14,7 @@ class Routing:
 
     def __init__(self, info: s.RoutingInfo):
         self.info = info
+        self._nodes_of_type: dict[tuple[str, bool], list[s.NodeInfo]] = {}  # (a snapshot: computed once)
 
     @property
     def version(self) -> int:
@@ -45,8 +46,13 @@ class Routing:
         return node.addr
 
     def nodes_of_type(self, type_: str, alive_only: bool = True) -> list[s.NodeInfo]:
-        return sorted((n for n in self.info.nodes.values()
-                       if n.type == type_ and (n.alive or not alive_only)), key=lambda n: n.node_id)
+        """The nodes of one type by node id (a new list each call: callers may change theirs)."""
+        nodes = self._nodes_of_type.get((type_, alive_only))
+        if nodes is None:
+            nodes = self._nodes_of_type[type_, alive_only] = sorted(
+                (n for n in self.info.nodes.values() if n.type == type_ and (n.alive or not alive_only)),
+                key=lambda n: n.node_id)
+        return list(nodes)
 
     def describe_chain(self, chain_id: int) -> str:
         chain = self.chain(chain_id)

@@ -20,7 +20,8 @@ import msgspec
 
 from threefs.common import limits, local_socket
 from threefs.common.status import StatusCode, ThreeFSError, UnavailableError, status_error
-from threefs.rpc.frame import KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RTS, Header, Scatter, body_encoder
+from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RTS, Header, Scatter, body_encoder,
+                               encode_frame_head)
 from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
 from threefs.rpc.transport import FramedProtocol
 
@@ -51,6 +52,11 @@ class _Pending:
         self.future = future
         self.recv_into = recv_into
         self.token: asyncio.Semaphore | None = None  # a transmission token held for this call
+
+
+def _time_out(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
 
 
 class ClientConnection(FramedProtocol):
@@ -126,13 +132,36 @@ class ClientConnection(FramedProtocol):
         except ConnectionError as e:
             raise UnavailableError(StatusCode.UNAVAILABLE, f"{method} to {self.addr}: {e}") from e
         finally:
-            p = self.pending.pop(rid, None)
-            if p is not None and recv_into is not None:
-                self.reader.divert(rid)  # gave up (timeout, cancel): stop writing into recv_into
-            entry = p or pending_entry
-            if entry.token is not None:
-                entry.token.release()
-                entry.token = None
+            self.end_request(rid, pending_entry)
+
+    def start_request(self, kind: int, method: str, body: bytes, recv_into, timeout: float) -> tuple[int, _Pending]:
+        """`request` without a payload on a connection that is open and not held back by the kernel (the
+        caller checked `ready()`), in plain code: the frame is written (or joins this turn's batch) now, and
+        the caller awaits the returned entry's future, then calls end_request(rid, entry) whatever happened."""
+        rid = next(self._ids)
+        head = encode_frame_head(Header(kind, rid, method=method, timeout_ms=int(timeout * 1000),
+                                        body=msgspec.Raw(body)), 0)
+        self.pending[rid] = entry = _Pending(asyncio.get_running_loop().create_future(), recv_into)
+        if self._batch is not None:
+            self._batch.append(head)  # written at the end of this buffer_updated (as send does)
+        else:
+            self.transport.write(head)
+        return rid, entry
+
+    def ready(self) -> bool:
+        """Open, and a frame written now goes out without waiting for the kernel's buffer (start_request)."""
+        return not self._paused and not self.is_closing()
+
+    def end_request(self, rid: int, pending_entry: _Pending) -> None:
+        """A request is over (answered, failed, timed out, cancelled): forget it, stop receiving into the
+        caller's buffer, give back its transmission token."""
+        p = self.pending.pop(rid, None)
+        if p is not None and pending_entry.recv_into is not None:
+            self.reader.divert(rid)  # gave up (timeout, cancel): stop writing into recv_into
+        entry = p or pending_entry
+        if entry.token is not None:
+            entry.token.release()
+            entry.token = None
 
 
 class RpcClient:
@@ -205,11 +234,24 @@ class RpcClient:
             payload = as_bytes_view(payload)
         if recv_into is not None and type(recv_into) is not Scatter:
             recv_into = as_bytes_view(recv_into)
+        conn = self._conns.get(addr)
         try:
-            async with asyncio.timeout(timeout):
-                conn = await self.connection(addr)
-                header, out = await conn.request(KIND_REQUEST, method, body_encoder.encode(req),
-                                                 payload, recv_into, timeout)
+            if payload is None and conn is not None and conn.ready():
+                # The common call: connected, nothing to send but the frame, so the only wait is for the
+                # answer; its deadline is a timer on the answer's future, not asyncio.timeout around the
+                # whole call (which costs ~2 us more per call; measured, uvloop: 4.4 us against 2.4)
+                rid, entry = conn.start_request(KIND_REQUEST, method, body_encoder.encode(req), recv_into, timeout)
+                timer = asyncio.get_running_loop().call_later(timeout, _time_out, entry.future)
+                try:
+                    header, out = await entry.future
+                finally:
+                    timer.cancel()
+                    conn.end_request(rid, entry)
+            else:
+                async with asyncio.timeout(timeout):
+                    conn = await self.connection(addr)
+                    header, out = await conn.request(KIND_REQUEST, method, body_encoder.encode(req),
+                                                     payload, recv_into, timeout)
         except TimeoutError as e:
             raise status_error(StatusCode.TIMEOUT,
                                f"{method} to {addr} timed out after {timeout:.1f} s") from e
