@@ -123,7 +123,10 @@ async def serve(config: ServiceConfig) -> None:
 
     token = read_token(config.token_file)
     auth = TokenAuthenticator(token)  # cluster token + user tokens (mgmtd-issued)
-    server = RpcServer(config.name, auth)
+    if not 0 <= config.rpc_spin_us <= 100_000:
+        raise SystemExit(f"{config.name}: rpc_spin_us = {config.rpc_spin_us} is outside 0 to 100000 (microseconds; "
+                         "0 turns spinning off)")
+    server = RpcServer(config.name, auth, spin_us=config.rpc_spin_us)
     auth.servers.append(server)
     metrics = ServiceMetrics(config.name, config.node_id)
     server.metrics_hook = metrics.observe_rpc

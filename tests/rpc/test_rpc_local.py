@@ -232,8 +232,8 @@ def test_other_network_namespace_gets_tcp(tmp_path, monkeypatch):
 
 
 def test_blocking_call_times_out_on_either_transport(transport):
-    """The blocking client waits for an answer in poll() on a Unix socket (rpc/blocking.py) and in recv()
-    with SO_RCVTIMEO on TCP: either way a server that does not answer in time is a Broken connection."""
+    """The blocking client waits for an answer in poll() (after spinning, if it spins: rpc/blocking.py) on
+    either transport: a server that does not answer in time is a Broken connection."""
     import msgspec
 
     from threefs.rpc.frame import KIND_REQUEST, body_encoder

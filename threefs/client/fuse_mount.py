@@ -167,8 +167,12 @@ async def _serve(config, mnt: str, options) -> None:
     from threefs.client import fuse_fallocate
     from threefs.client.aio import AsyncClient
     from threefs.client.fuse import ThreeFSOperations
+    from threefs.rpc.client import LoopSpin
 
     aio = await AsyncClient(config).start()
+    # the daemon's loop has nothing else to do while a quick answer from meta or storage is due: it polls
+    # for it instead of sleeping (rpc/client.py LoopSpin; THREEFS_RPC_SPIN_US=0 turns it off)
+    aio.rpc.spin = LoopSpin()
     ops = ThreeFSOperations(aio, options)
     fuse_options = set(pyfuse3.default_options) | {"fsname=threefs", "subtype=threefs"}
     if options.allow_other:

@@ -33,6 +33,7 @@ import time
 import crc32c
 
 from threefs.common import local_socket
+from threefs.common.spin import AnswerWait
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.kvcache import protocol
 
@@ -98,6 +99,7 @@ class MetaConnection:
         self.timeout_s = timeout_s
         self._fixed_addr = addr
         self._sock: socket.socket | None = None
+        self._answer: AnswerWait | None = None
         self._lock = threading.Lock()
         self._rid = 0
         self.addr = ""
@@ -135,6 +137,7 @@ class MetaConnection:
                 sock = socket.create_connection((host, int(port)), timeout=min(5.0, self.timeout_s))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(self.timeout_s)
+            self._answer = AnswerWait(sock.fileno())  # quick answers are waited for by spinning first
             self._sock = sock
         return self._sock
 
@@ -155,6 +158,8 @@ class MetaConnection:
                     sock = self._connect()
                     self._rid += 1
                     sock.sendall(protocol.encode([self._rid, op, args]))
+                    if not self._answer.wait(int(self.timeout_s * 1000)):
+                        raise TimeoutError(f"no answer within {self.timeout_s:.0f} s")
                     n = protocol.frame_length(protocol.recv_exact(sock, protocol.HEADER_BYTES))
                     rid, code, result = protocol.decode(protocol.recv_exact(sock, n))
                 if code:

@@ -23,12 +23,14 @@ import time
 import msgspec
 
 from threefs.common import limits, local_socket
+from threefs.common.spin import AnswerWait
 from threefs.common.status import StatusCode, status_error
 from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_RTS, MAGIC, PREFIX, PREFIX_BYTES, Header, Scatter,
                                body_encoder, encode_frame_head)
 from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
 
 RECV_BYTES = 64 * 1024
+
 
 _header_decoder = msgspec.msgpack.Decoder(Header)
 # This process's id, kept current by a fork hook: os.getpid() is a system call, and usable() runs per call.
@@ -70,14 +72,11 @@ class BlockingConnection:
         tv = struct.pack("ll", int(timeout), int((timeout % 1) * 1_000_000))
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
-        # A Unix socket wakes a reader blocked in recv() when the server reads our request, not only when the
-        # answer comes (unix_write_space wakes every sleeper on the socket; TCP wakes writers only): the
-        # caller would be woken twice per call, a context switch each. Waiting in poll(POLLIN) first filters
-        # that wake-up out. None on TCP (one system call less per call).
-        self._poll = None
-        if self.sock.family == socket.AF_UNIX:
-            self._poll = select.poll()
-            self._poll.register(self.sock.fileno(), select.POLLIN)
+        # Answers are waited for in poll(POLLIN), not in recv(): a Unix socket wakes a reader blocked in
+        # recv() when the server reads our request, not only when the answer comes (unix_write_space wakes
+        # every sleeper on the socket): the caller would be woken twice per call, a context switch each.
+        # Quick answers are waited for by spinning first (common/spin.py AnswerWait).
+        self._answer = AnswerWait(self.sock.fileno())
         self._poll_ms = max(1, int(timeout * 1000))
         self._buf = bytearray(RECV_BYTES)
         self._view = memoryview(self._buf)
@@ -123,8 +122,7 @@ class BlockingConnection:
         # The common case in one piece: nothing buffered, and the answer, header only, in one recv.
         if self._start == self._end:
             try:
-                if self._poll is not None:
-                    self._wait_readable()
+                self._wait_readable()
                 n = self.sock.recv_into(self._view)
             except OSError as e:
                 raise Broken(f"response from {self.addr}: {_why(e, self.timeout)}") from e
@@ -202,15 +200,16 @@ class BlockingConnection:
                 pending = self._end - self._start
                 self._buf[:pending] = self._view[self._start:self._end]
                 self._start, self._end = 0, pending
-            if self._poll is not None:
-                self._wait_readable()
+            self._wait_readable()
             n = self.sock.recv_into(self._view[self._end:])
             if n == 0:
                 raise EOFError("connection closed by the server")
             self._end += n
 
     def _wait_readable(self) -> None:
-        if not self._poll.poll(self._poll_ms):
+        """Return when the socket has bytes to read (spinning first when answers come quickly and a CPU is
+        free: common/spin.py)."""
+        if not self._answer.wait(self._poll_ms):
             raise TimeoutError(f"nothing to read within {self._poll_ms} ms")
 
     def _read_frame(self) -> tuple[Header, int]:

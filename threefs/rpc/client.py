@@ -14,11 +14,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
+import time
 import uuid
 
 import msgspec
 
 from threefs.common import limits, local_socket
+from threefs.common.spin import CLIENT_SPIN_S_MAX, cpu_calm
 from threefs.common.status import StatusCode, ThreeFSError, UnavailableError, status_error
 from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RTS, Header, Scatter, body_encoder,
                                encode_frame_head)
@@ -64,6 +67,7 @@ class ClientConnection(FramedProtocol):
         super().__init__()
         self.addr = addr
         self.pending: dict[int, _Pending] = {}
+        self.answer_s = CLIENT_SPIN_S_MAX / 2  # moving average of answer times (LoopSpin, when used)
         self._ids = itertools.count(1)
         self.senders = senders  # caps servers sending to us at once (request-to-send)
         self._tasks: set[asyncio.Task] = set()
@@ -164,6 +168,41 @@ class ClientConnection(FramedProtocol):
             entry.token = None
 
 
+class LoopSpin:
+    """While a call whose answer usually comes quickly is pending, keep the event loop polling (a callback
+    that schedules itself: epoll with no timeout) instead of sleeping until the answer wakes it; the client
+    side of common/spin.py's trade. Per connection, a moving average of its answers' times; a call spins
+    the loop up to twice that, if it is under `spin_s_max` and the CPU is calm. Only for a loop that has
+    nothing else to do while it waits (the FUSE daemon's): a loop sharing its thread's CPU with other
+    threads would take the GIL from them."""
+
+    def __init__(self, spin_s_max: float | None = None):
+        self.spin_s_max = CLIENT_SPIN_S_MAX if spin_s_max is None else spin_s_max
+        self.until_s = 0.0
+        self.loop: asyncio.AbstractEventLoop | None = None  # the loop spinning now, if any
+
+    def started(self, conn: "ClientConnection") -> float:
+        t0 = time.perf_counter()
+        wait = conn.answer_s
+        if wait < self.spin_s_max:
+            self.until_s = max(self.until_s, t0 + 2 * wait)
+            loop = asyncio.get_running_loop()
+            if self.loop is not loop and cpu_calm():
+                self.loop = loop
+                loop.call_soon(self._spin)
+        return t0
+
+    def answered(self, conn: "ClientConnection", t0: float) -> None:
+        conn.answer_s = conn.answer_s * 0.75 + (time.perf_counter() - t0) * 0.25
+
+    def _spin(self) -> None:
+        if time.perf_counter() < self.until_s and cpu_calm():
+            os.sched_yield()  # a task woken on this CPU (the server?) runs at once
+            self.loop.call_soon(self._spin)
+        else:
+            self.loop = None
+
+
 class RpcClient:
     """Connection pool + typed calls. Safe to share by all tasks of one event loop."""
 
@@ -174,6 +213,9 @@ class RpcClient:
         self.senders = asyncio.Semaphore(senders_max) if senders_max > 0 else None
         self.client_id = client_id or uuid.uuid4().hex
         self.connect_timeout = connect_timeout
+        # LoopSpin: keep the event loop polling while a quick answer is due (a process whose loop does
+        # nothing else meanwhile: the FUSE daemon); None: the loop sleeps until the answer wakes it
+        self.spin: LoopSpin | None = None
         self._conns: dict[str, ClientConnection] = {}
         self._connecting: dict[str, asyncio.Task] = {}
 
@@ -242,11 +284,15 @@ class RpcClient:
                 # whole call (which costs ~2 us more per call; measured, uvloop: 4.4 us against 2.4)
                 rid, entry = conn.start_request(KIND_REQUEST, method, body_encoder.encode(req), recv_into, timeout)
                 timer = asyncio.get_running_loop().call_later(timeout, _time_out, entry.future)
+                spin = self.spin
+                t0 = spin.started(conn) if spin is not None else 0.0
                 try:
                     header, out = await entry.future
                 finally:
                     timer.cancel()
                     conn.end_request(rid, entry)
+                    if spin is not None:
+                        spin.answered(conn, t0)
             else:
                 async with asyncio.timeout(timeout):
                     conn = await self.connection(addr)

@@ -1,0 +1,254 @@
+"""Spinning instead of sleeping while waiting for the peer (common/spin.py): the CPU-pressure gate, the blocking
+client's spin (rpc/blocking.py) and the server's (rpc/server.py Spinner) answer exactly as sleeping does, and
+each spins only when it should."""
+
+import asyncio
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from threefs.common import spin
+from threefs.rpc import server as server_mod
+from threefs.rpc.blocking import BlockingConnection
+from threefs.rpc.frame import KIND_REQUEST, body_encoder
+from threefs.rpc.server import RpcServer, Spinner, token_authenticator
+from tests.rpc.test_rpc import TOKEN, Echo, EchoReq, EchoRsp
+
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def _pressure_file(path: Path, total_us: int) -> None:
+    path.write_text(f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total_us}\n"
+                    "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+
+
+def test_calm_while_tasks_hardly_wait_for_a_cpu(tmp_path, monkeypatch):
+    f = tmp_path / "cpu"
+    _pressure_file(f, 1_000_000)
+    monkeypatch.setattr(spin, "PRESSURE_PATH", str(f))
+    p = spin._Pressure()
+    assert p.sample(100.0) is False  # one reading: nothing to compare with yet
+    _pressure_file(f, 1_000_000 + 10_000)  # 10 ms of stall in 1 s: 1%
+    assert p.sample(101.0) is True
+    _pressure_file(f, 1_010_000 + 600_000)  # 0.6 s of stall in 1 s
+    assert p.sample(102.0) is False
+    _pressure_file(f, 1_610_000 + 40_000)  # 4% of 1 s: under CALM_STALL_MAX
+    assert p.sample(103.0) is True
+
+
+def test_never_calm_without_pressure_information(tmp_path, monkeypatch):
+    monkeypatch.setattr(spin, "PRESSURE_PATH", str(tmp_path / "missing"))
+    p = spin._Pressure()
+    assert not p.sample(1.0) and not p.sample(2.0)
+    garbled = tmp_path / "garbled"
+    garbled.write_text("no numbers here\n")
+    monkeypatch.setattr(spin, "PRESSURE_PATH", str(garbled))
+    p = spin._Pressure()
+    assert not p.sample(1.0) and not p.sample(2.0)
+    assert p.fd == -2  # given up on: not read again
+
+
+def test_cpu_calm_samples_at_most_every_sample_interval(tmp_path, monkeypatch):
+    f = tmp_path / "cpu"
+    _pressure_file(f, 0)
+    monkeypatch.setattr(spin, "PRESSURE_PATH", str(f))
+    monkeypatch.setattr(spin, "_pressure", None)
+    spin.cpu_calm()
+    reads = []
+    real = spin._Pressure.sample
+    monkeypatch.setattr(spin._Pressure, "sample", lambda self, now: reads.append(now) or real(self, now))
+    for _ in range(1000):
+        spin.cpu_calm()
+    assert len(reads) <= 1
+    time.sleep(spin.SAMPLE_S * 1.5)
+    spin.cpu_calm()
+    assert len(reads) >= 1
+
+
+async def _server(**kw):
+    server = RpcServer("echo", token_authenticator(TOKEN), **kw)
+    server.add_service("echo", Echo())
+    port = await server.start("127.0.0.1", 0)
+    return server, port
+
+
+@pytest.mark.parametrize("calm", [True, False])
+def test_blocking_client_answers_alike_spinning_or_sleeping(transport, calm, monkeypatch):
+    """Quick answers make the client spin (when the CPU is calm); slow ones (a delayed handler) make it sleep
+    again; every answer is the one asked for, and a delayed one still arrives."""
+    monkeypatch.setattr(spin, "cpu_calm", lambda: calm)
+    monkeypatch.setattr(spin, "CLIENT_SPIN_S_MAX", 0.002)  # wide margins: a slow machine still tells them apart
+    spun = []
+    real_probe = select.poll
+
+    class CountingPoll:  # counts the zero-timeout polls of a spin
+        def __init__(self):
+            self._p = real_probe()
+
+        def register(self, *a):
+            self._p.register(*a)
+
+        def poll(self, timeout=None):
+            if timeout == 0:
+                spun.append(1)
+            return self._p.poll(timeout)
+    monkeypatch.setattr(spin.select, "poll", CountingPoll)
+
+    async def main():
+        server, port = await _server()
+        try:
+            def calls():
+                conn = BlockingConnection(f"127.0.0.1:{port}", TOKEN, "spin", 5.0)
+                try:
+                    for i in range(200):
+                        header = conn.exchange(KIND_REQUEST, "echo.echo", body_encoder.encode(EchoReq(f"q{i}")), 5.0)
+                        assert msgspec.msgpack.decode(header.body, type=EchoRsp).text == f"q{i}"
+                    quick_wait, quick_spins = conn._answer.wait_s, len(spun)
+                    for i in range(12):  # answers 20 ms away: the moving average climbs past the limit
+                        header = conn.exchange(KIND_REQUEST, "echo.echo",
+                                               body_encoder.encode(EchoReq(f"s{i}", delay_s=0.02)), 5.0)
+                        assert msgspec.msgpack.decode(header.body, type=EchoRsp).text == f"s{i}"
+                    slow_wait, slow_spins = conn._answer.wait_s, len(spun)
+                    for i in range(5):  # now it sleeps: no zero-timeout polls at all
+                        header = conn.exchange(KIND_REQUEST, "echo.echo",
+                                               body_encoder.encode(EchoReq(f"t{i}", delay_s=0.02)), 5.0)
+                        assert msgspec.msgpack.decode(header.body, type=EchoRsp).text == f"t{i}"
+                    return quick_wait, quick_spins, slow_wait, slow_spins, len(spun)
+                finally:
+                    conn.close()
+            return await asyncio.to_thread(calls)
+        finally:
+            await server.stop()
+    quick_wait, quick_spins, slow_wait, slow_spins, last_spins = asyncio.run(main())
+    assert quick_wait < 0.002 < slow_wait  # quick answers keep the average low, slow ones raise it
+    assert (quick_spins > 0) == calm  # a calm CPU: it spun for the quick answers; else it never spins
+    assert last_spins == slow_spins  # past the limit: it sleeps
+
+
+def test_server_spins_between_close_requests_and_stops_after_the_window(transport, monkeypatch):
+    monkeypatch.setattr(server_mod, "cpu_calm", lambda: True)
+
+    async def main():
+        from threefs.rpc.client import RpcClient
+        server, port = await _server(spin_us=20_000)
+        client = RpcClient(TOKEN)
+        addr = f"127.0.0.1:{port}"
+        try:
+            assert server.spinner is not None and server.spinner.loop is None
+            seen_spinning = False
+            for i in range(50):
+                rsp, _ = await client.call(addr, "echo.echo", EchoReq(f"x{i}"), EchoRsp)
+                assert rsp.text == f"x{i}"
+                seen_spinning |= server.spinner.loop is not None
+            assert seen_spinning  # requests closer together than 20 ms: the loop polled between them
+            await asyncio.sleep(0.3)  # 15 windows without a request
+            assert server.spinner.loop is None
+        finally:
+            await client.close()
+            await server.stop()
+    asyncio.run(main())
+
+
+def test_server_does_not_spin_when_the_cpu_is_contended_or_spinning_is_off(transport, monkeypatch):
+    monkeypatch.setattr(server_mod, "cpu_calm", lambda: False)
+
+    async def main():
+        from threefs.rpc.client import RpcClient
+        for kw in ({"spin_us": 2000}, {}):
+            server, port = await _server(**kw)
+            client = RpcClient(TOKEN)
+            try:
+                for i in range(30):
+                    rsp, _ = await client.call(f"127.0.0.1:{port}", "echo.echo", EchoReq(f"y{i}"), EchoRsp)
+                    assert rsp.text == f"y{i}"
+                    assert server.spinner is None or server.spinner.loop is None
+            finally:
+                await client.close()
+                await server.stop()
+    asyncio.run(main())
+
+
+def test_spinner_gap_average_decides():
+    """Requests far apart (heartbeats) never start a spin; a run of close ones does."""
+    s = Spinner(200e-6)
+
+    async def main():
+        for _ in range(5):
+            s.arrived()
+            await asyncio.sleep(0.01)  # 10 ms apart
+        far = s.loop
+        s.loop = None
+        for _ in range(20):
+            s.arrived()  # back to back
+        return far, s.loop
+    import threefs.rpc.server as srv
+    real = srv.cpu_calm
+    srv.cpu_calm = lambda: True
+    try:
+        far, close = asyncio.run(main())
+    finally:
+        srv.cpu_calm = real
+    assert far is None and close is not None
+
+
+def test_bad_spin_setting_is_a_clear_error():
+    env = dict(os.environ, THREEFS_RPC_SPIN_US="fast", PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, "-c", "import threefs.rpc.blocking"], env=env, capture_output=True,
+                       text=True)
+    assert r.returncode != 0 and "THREEFS_RPC_SPIN_US='fast': expected microseconds" in r.stderr
+    env["THREEFS_RPC_SPIN_US"] = "-1"
+    r = subprocess.run([sys.executable, "-c", "import threefs.rpc.blocking"], env=env, capture_output=True,
+                       text=True)
+    assert r.returncode != 0 and "expected 0 to 100000 microseconds" in r.stderr
+    env["THREEFS_RPC_SPIN_US"] = "0"
+    r = subprocess.run([sys.executable, "-c", "import threefs.common.spin as s; print(s.CLIENT_SPIN_S_MAX)"],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "0.0"
+
+
+@pytest.mark.parametrize("calm", [True, False])
+def test_async_client_loop_spin_answers_alike_and_spins_only_for_quick_answers(transport, calm, monkeypatch):
+    """RpcClient.spin (the FUSE daemon's): the loop polls while a quick answer is due (when the CPU is calm),
+    sleeps for slow ones, and every call gets its own answer either way."""
+    from threefs.rpc import client as client_mod
+    from threefs.rpc.client import LoopSpin, RpcClient
+    monkeypatch.setattr(client_mod, "cpu_calm", lambda: calm)
+
+    async def main():
+        server, port = await _server()
+        client = RpcClient(TOKEN)
+        client.spin = LoopSpin(spin_s_max=0.002)
+        addr = f"127.0.0.1:{port}"
+        try:
+            seen = False
+            for i in range(100):
+                rsp, _ = await client.call(addr, "echo.echo", EchoReq(f"a{i}"), EchoRsp)
+                assert rsp.text == f"a{i}"
+                seen |= client.spin.loop is not None
+            conn = client._conns[addr]
+            quick = conn.answer_s
+            rsps = await asyncio.gather(*(client.call(addr, "echo.echo", EchoReq(f"c{i}"), EchoRsp)
+                                          for i in range(20)))  # many in flight at once
+            assert [r.text for r, _ in rsps] == [f"c{i}" for i in range(20)]
+            for i in range(12):
+                rsp, _ = await client.call(addr, "echo.echo", EchoReq(f"s{i}", delay_s=0.02), EchoRsp)
+                assert rsp.text == f"s{i}"
+            slow = conn.answer_s
+            await asyncio.sleep(0.01)  # any spin of the quick calls is long over
+            assert client.spin.loop is None
+            rsp, _ = await client.call(addr, "echo.echo", EchoReq("late", delay_s=0.02), EchoRsp)
+            assert rsp.text == "late"
+            return seen, quick, slow, client.spin.loop
+        finally:
+            await client.close()
+            await server.stop()
+    seen, quick, slow, after_slow = asyncio.run(main())
+    assert seen == calm
+    assert quick < 0.002 < slow
+    assert after_slow is None  # past the limit: a call does not start a spin
