@@ -14,10 +14,10 @@ import msgspec
 import pytest
 
 from threefs.common import spin
-from threefs.rpc import server as server_mod
+from threefs.common.spin import Spinner
 from threefs.rpc.blocking import BlockingConnection
 from threefs.rpc.frame import KIND_REQUEST, body_encoder
-from threefs.rpc.server import RpcServer, Spinner, token_authenticator
+from threefs.rpc.server import RpcServer, token_authenticator
 from tests.rpc.test_rpc import TOKEN, Echo, EchoReq, EchoRsp
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -132,7 +132,7 @@ def test_blocking_client_answers_alike_spinning_or_sleeping(transport, calm, mon
 
 
 def test_server_spins_between_close_requests_and_stops_after_the_window(transport, monkeypatch):
-    monkeypatch.setattr(server_mod, "cpu_calm", lambda: True)
+    monkeypatch.setattr(spin, "cpu_calm", lambda: True)
 
     async def main():
         from threefs.rpc.client import RpcClient
@@ -156,7 +156,7 @@ def test_server_spins_between_close_requests_and_stops_after_the_window(transpor
 
 
 def test_server_does_not_spin_when_the_cpu_is_contended_or_spinning_is_off(transport, monkeypatch):
-    monkeypatch.setattr(server_mod, "cpu_calm", lambda: False)
+    monkeypatch.setattr(spin, "cpu_calm", lambda: False)
 
     async def main():
         from threefs.rpc.client import RpcClient
@@ -187,13 +187,12 @@ def test_spinner_gap_average_decides():
         for _ in range(20):
             s.arrived()  # back to back
         return far, s.loop
-    import threefs.rpc.server as srv
-    real = srv.cpu_calm
-    srv.cpu_calm = lambda: True
+    real = spin.cpu_calm
+    spin.cpu_calm = lambda: True
     try:
         far, close = asyncio.run(main())
     finally:
-        srv.cpu_calm = real
+        spin.cpu_calm = real
     assert far is None and close is not None
 
 

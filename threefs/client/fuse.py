@@ -141,7 +141,10 @@ def fuse_errors(fn):
 
     @functools.wraps(fn)
     async def wrapper(*args, **kwargs):
-        args[0].requests[name] += 1
+        ops = args[0]
+        ops.requests[name] += 1
+        if ops.spinner is not None:
+            ops.spinner.arrived()
         try:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
@@ -196,6 +199,9 @@ class ThreeFSOperations(pyfuse3.Operations):
             self._around_file_max = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
         self.stats = collections.Counter()  # logged at unmount
         self.requests = collections.Counter()  # kernel requests per operation (fuse_errors), logged too
+        # common/spin.py Spinner: while the kernel's requests come close together (a program reading or
+        # creating file after file), the loop polls for the next one instead of sleeping (set by fuse_mount)
+        self.spinner = None
         # fuse ino -> time.monotonic() until which the file is known to have no security.capability (the
         # kernel asks before every write(2) to a file: file_remove_privs); see getxattr
         self._no_caps: dict[int, float] = {}

@@ -33,6 +33,7 @@ SYNC_AT_EXIT_TIMEOUT_S = 30.0
 FUSERMOUNT = "fusermount3"
 WORKERS_KEPT = 32  # pyfuse3 worker tasks kept waiting for kernel requests (its default: 1)
 WORKERS_MAX = 99  # pyfuse3's default cap
+KERNEL_SPIN_S = 200e-6  # the daemon polls this long after a kernel request while they come this close (spin.py)
 
 
 def fuse_unavailable_reason() -> str | None:
@@ -167,13 +168,16 @@ async def _serve(config, mnt: str, options) -> None:
     from threefs.client import fuse_fallocate
     from threefs.client.aio import AsyncClient
     from threefs.client.fuse import ThreeFSOperations
+    from threefs.common.spin import CLIENT_SPIN_S_MAX, Spinner
     from threefs.rpc.client import LoopSpin
 
     aio = await AsyncClient(config).start()
     # the daemon's loop has nothing else to do while a quick answer from meta or storage is due: it polls
-    # for it instead of sleeping (rpc/client.py LoopSpin; THREEFS_RPC_SPIN_US=0 turns it off)
-    aio.rpc.spin = LoopSpin()
+    # for it instead of sleeping (rpc/client.py LoopSpin; THREEFS_RPC_SPIN_US=0 turns both spins off)
+    aio.rpc.spin = LoopSpin() if CLIENT_SPIN_S_MAX > 0 else None
     ops = ThreeFSOperations(aio, options)
+    # and while the kernel's requests come close together, it polls for the next one (common/spin.py)
+    ops.spinner = Spinner(KERNEL_SPIN_S) if CLIENT_SPIN_S_MAX > 0 else None
     fuse_options = set(pyfuse3.default_options) | {"fsname=threefs", "subtype=threefs"}
     if options.allow_other:
         fuse_options.add("allow_other")

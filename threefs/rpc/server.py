@@ -15,7 +15,6 @@ import asyncio
 import contextvars
 import hmac
 import logging
-import os
 import time
 from asyncio.tasks import _current_tasks, _enter_task, _leave_task
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ import msgspec
 from threefs.common import limits, local_socket
 from threefs.common.buffers import BufferPool, Lease
 from threefs.common.eager import Resumed
-from threefs.common.spin import cpu_calm
+from threefs.common.spin import Spinner
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RESPONSE, KIND_RTS, FilePayload,
                                FrameError, Header, body_encoder)
@@ -373,40 +372,6 @@ class ServerConnection(FramedProtocol):
             await self.send(header, payload)
         except ConnectionError:
             pass  # the caller went away; nothing to tell
-
-
-class Spinner:
-    """Keeps a server's event loop polling instead of sleeping for up to `window_s` after a request, while
-    requests come closer together than that and no task waits for a CPU (common/spin.py says why and when).
-    One per RpcServer; cheap per request (a clock read and a moving average)."""
-
-    def __init__(self, window_s: float):
-        self.window_s = window_s
-        self.gap_s = 4 * window_s  # moving average of the time between requests (starts "far apart")
-        self.last_s = 0.0
-        self.until_s = 0.0
-        self.loop: asyncio.AbstractEventLoop | None = None  # the loop spinning now, if any
-
-    def arrived(self) -> None:
-        now = time.perf_counter()
-        gap, self.last_s = now - self.last_s, now
-        self.gap_s = self.gap_s * 0.75 + min(gap, 8 * self.window_s) * 0.25
-        if self.gap_s < self.window_s:
-            self.until_s = now + self.window_s
-            loop = asyncio.get_running_loop()
-            if self.loop is not loop and cpu_calm():
-                self.loop = loop
-                loop.call_soon(self._spin)
-
-    def _spin(self) -> None:
-        # A callback that schedules itself: the loop polls its sockets without waiting (epoll timeout 0)
-        # before running it again. The CPU goes to any task that needs it (sched_yield), and the spin
-        # stops when the window passes without a request or the CPU gets contended.
-        if time.perf_counter() < self.until_s and cpu_calm():
-            os.sched_yield()
-            self.loop.call_soon(self._spin)
-        else:
-            self.loop = None
 
 
 class RpcServer:
