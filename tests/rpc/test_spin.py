@@ -33,13 +33,22 @@ def test_calm_while_tasks_hardly_wait_for_a_cpu(tmp_path, monkeypatch):
     _pressure_file(f, 1_000_000)
     monkeypatch.setattr(spin, "PRESSURE_PATH", str(f))
     p = spin._Pressure()
-    assert p.sample(100.0) is False  # one reading: nothing to compare with yet
+    assert p.sample(100.0) is True  # the first reading: the kernel's 10 s average (0.00%)
     _pressure_file(f, 1_000_000 + 10_000)  # 10 ms of stall in 1 s: 1%
     assert p.sample(101.0) is True
     _pressure_file(f, 1_010_000 + 600_000)  # 0.6 s of stall in 1 s
     assert p.sample(102.0) is False
     _pressure_file(f, 1_610_000 + 40_000)  # 4% of 1 s: under CALM_STALL_MAX
     assert p.sample(103.0) is True
+
+
+def test_first_reading_goes_by_the_kernels_ten_second_average(tmp_path, monkeypatch):
+    f = tmp_path / "cpu"
+    f.write_text("some avg10=37.50 avg60=20.00 avg300=5.00 total=123456789\n")
+    monkeypatch.setattr(spin, "PRESSURE_PATH", str(f))
+    assert spin._Pressure().sample(1.0) is False
+    f.write_text("some avg10=1.25 avg60=20.00 avg300=5.00 total=123456789\n")
+    assert spin._Pressure().sample(1.0) is True
 
 
 def test_never_calm_without_pressure_information(tmp_path, monkeypatch):

@@ -106,18 +106,22 @@ class _Pressure:
             self.fd = -2  # no PSI here: never calm
 
     def sample(self, now: float) -> bool:
-        total = -1
+        total, avg10 = -1, 100.0
         if self.fd >= 0:
             try:
                 line = os.pread(self.fd, 256, 0).split(b"\n", 1)[0]  # "some avg10=.. avg60=.. avg300=.. total=N"
                 total = int(line.rsplit(b"total=", 1)[1])
+                avg10 = float(line.split(b"avg10=", 1)[1].split(None, 1)[0])
             except (OSError, ValueError, IndexError):  # psi=0 boots give EOPNOTSUPP on read
                 os.close(self.fd)
                 self.fd = -2
+                total = -1
         if total < 0:
             self.calm = False
         elif self.total_us >= 0:
             self.calm = (total - self.total_us) < CALM_STALL_MAX * (now - self.at_s) * 1e6
+        else:  # the first reading: the kernel's own 10 s average until there is a sample of ours
+            self.calm = avg10 < CALM_STALL_MAX * 100
         self.at_s, self.total_us = now, total
         return self.calm
 
