@@ -23,55 +23,49 @@ from tests.rpc.test_rpc import TOKEN, Echo, EchoReq, EchoRsp
 ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def _pressure_file(path: Path, total_us: int) -> None:
-    path.write_text(f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total_us}\n"
-                    "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+def _loadavg(path: Path, running: int) -> None:
+    path.write_text(f"0.52 0.58 0.59 {running}/1234 5678\n")
 
 
-def test_calm_while_tasks_hardly_wait_for_a_cpu(tmp_path, monkeypatch):
-    f = tmp_path / "cpu"
-    _pressure_file(f, 1_000_000)
-    monkeypatch.setattr(spin, "PRESSURE_PATH", str(f))
-    p = spin._Pressure()
-    assert p.sample(100.0) is True  # the first reading: the kernel's 10 s average (0.00%)
-    _pressure_file(f, 1_000_000 + 10_000)  # 10 ms of stall in 1 s: 1%
-    assert p.sample(101.0) is True
-    _pressure_file(f, 1_010_000 + 600_000)  # 0.6 s of stall in 1 s
-    assert p.sample(102.0) is False
-    _pressure_file(f, 1_610_000 + 40_000)  # 4% of 1 s: under CALM_STALL_MAX
-    assert p.sample(103.0) is True
+def test_calm_while_no_more_tasks_run_than_cpus(tmp_path, monkeypatch):
+    f = tmp_path / "loadavg"
+    _loadavg(f, 1)
+    monkeypatch.setattr(spin, "LOADAVG_PATH", str(f))
+    r = spin._Runnable()
+    r.cpus = 2
+    assert r.sample(1.0) is True  # 1 runnable (the reader) on 2 CPUs
+    _loadavg(f, 2)
+    assert r.sample(2.0) is True  # two spinners on two CPUs (average 1.5)
+    _loadavg(f, 6)  # 8 clients and a server: average 3.75
+    assert r.sample(3.0) is False
+    _loadavg(f, 2)
+    assert r.sample(4.0) is False  # one quiet sample does not undo it at once (2.875)
+    assert r.sample(5.0) is True  # (2.44)
+    for t in range(6, 20):
+        assert r.sample(float(t)) is True  # steady at 2 on 2 CPUs: calm
 
 
-def test_first_reading_goes_by_the_kernels_ten_second_average(tmp_path, monkeypatch):
-    f = tmp_path / "cpu"
-    f.write_text("some avg10=37.50 avg60=20.00 avg300=5.00 total=123456789\n")
-    monkeypatch.setattr(spin, "PRESSURE_PATH", str(f))
-    assert spin._Pressure().sample(1.0) is False
-    f.write_text("some avg10=1.25 avg60=20.00 avg300=5.00 total=123456789\n")
-    assert spin._Pressure().sample(1.0) is True
-
-
-def test_never_calm_without_pressure_information(tmp_path, monkeypatch):
-    monkeypatch.setattr(spin, "PRESSURE_PATH", str(tmp_path / "missing"))
-    p = spin._Pressure()
-    assert not p.sample(1.0) and not p.sample(2.0)
+def test_never_calm_without_a_count_of_runnable_tasks(tmp_path, monkeypatch):
+    monkeypatch.setattr(spin, "LOADAVG_PATH", str(tmp_path / "missing"))
+    r = spin._Runnable()
+    assert not r.sample(1.0) and not r.sample(2.0)
     garbled = tmp_path / "garbled"
     garbled.write_text("no numbers here\n")
-    monkeypatch.setattr(spin, "PRESSURE_PATH", str(garbled))
-    p = spin._Pressure()
-    assert not p.sample(1.0) and not p.sample(2.0)
-    assert p.fd == -2  # given up on: not read again
+    monkeypatch.setattr(spin, "LOADAVG_PATH", str(garbled))
+    r = spin._Runnable()
+    assert not r.sample(1.0) and not r.sample(2.0)
+    assert r.fd == -2  # given up on: not read again
 
 
 def test_cpu_calm_samples_at_most_every_sample_interval(tmp_path, monkeypatch):
-    f = tmp_path / "cpu"
-    _pressure_file(f, 0)
-    monkeypatch.setattr(spin, "PRESSURE_PATH", str(f))
-    monkeypatch.setattr(spin, "_pressure", None)
-    spin.cpu_calm()
+    f = tmp_path / "loadavg"
+    _loadavg(f, 1)
+    monkeypatch.setattr(spin, "LOADAVG_PATH", str(f))
+    monkeypatch.setattr(spin, "_runnable", None)
+    assert spin.cpu_calm() is True
     reads = []
-    real = spin._Pressure.sample
-    monkeypatch.setattr(spin._Pressure, "sample", lambda self, now: reads.append(now) or real(self, now))
+    real = spin._Runnable.sample
+    monkeypatch.setattr(spin._Runnable, "sample", lambda self, now: reads.append(now) or real(self, now))
     for _ in range(1000):
         spin.cpu_calm()
     assert len(reads) <= 1

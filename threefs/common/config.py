@@ -67,7 +67,7 @@ class ServiceConfig(msgspec.Struct, kw_only=True):
     # same network namespace connect through it instead of loopback TCP (common/local_socket.py; docs/operations.md).
     local_socket: bool = True
     # After a request, poll for the next one up to this long instead of sleeping, while requests come that
-    # close together and no task waits for a CPU (0 = always sleep; common/spin.py, docs/architecture.md)
+    # close together and no more tasks run than CPUs (0 = always sleep; common/spin.py, docs/architecture.md)
     rpc_spin_us: float = 200.0
     log_level: str = "INFO"
 

@@ -15,12 +15,16 @@ a small read): it asks the socket without waiting until the answer is there. An 
 whose requests come close together (one client calling in a loop): after a request it keeps its event loop
 polling instead of sleeping, for a short while, so the next request finds it awake.
 
-When. Only while no task waits for a CPU: `cpu_calm()` reads the kernel's CPU pressure (/proc/pressure/cpu,
-the time some runnable task waited for a CPU) every SAMPLE_S and allows spinning while that was under
-CALM_STALL_MAX of the time. A spinner that takes a CPU someone else needs makes that pressure rise, and then
-everyone sleeps again: on a busy machine (8 client processes on 2 CPUs, a storage batch saturating both)
-nothing spins. Spinners also yield the CPU at each poll (sched_yield), so a task woken on their CPU runs at
-once. Without PSI (kernels before 4.20, or booted with psi=0) nothing spins.
+When. Only while there are no more runnable tasks than CPUs: `cpu_calm()` reads the number of runnable
+tasks (the 4th field of /proc/loadavg, which counts the reader itself) every SAMPLE_S and allows spinning
+while its moving average (of the last few samples) is at most the CPUs this process may use. Measured, sampling every 5 ms: one
+client reading at queue depth 1 with the storage service spinning, 1.8 runnable on average besides the
+sampler; 8 client processes calling one meta server, 3.7-4.0; 4 threads of batch reads, more. So a spinner
+never takes a CPU that another task waits for for long, and on a busy machine (8 client processes on 2 CPUs,
+a storage batch saturating both) nothing spins. (The kernel's CPU pressure, /proc/pressure/cpu, did not tell
+these apart: 10% of the time some task waited in the queue-depth-1 case, 6-9% with 8 clients.) Spinners also
+yield the CPU at each poll (sched_yield), so a task woken on their CPU runs at once. Without /proc/loadavg
+nothing spins.
 
 Knobs: THREEFS_RPC_SPIN_US for clients (rpc/blocking.py; 0 turns it off), `rpc_spin_us` in a service's
 config (0 turns it off). docs/architecture.md, "Waiting for the peer".
@@ -33,9 +37,8 @@ import os
 import select
 import time
 
-PRESSURE_PATH = "/proc/pressure/cpu"
-SAMPLE_S = 0.05  # how often the CPU pressure is read (per process)
-CALM_STALL_MAX = 0.05  # spin while runnable tasks waited for a CPU less than this share of the last sample
+LOADAVG_PATH = "/proc/loadavg"
+SAMPLE_S = 0.05  # how often the runnable tasks are counted (per process)
 
 
 def _client_spin_s_max() -> float:
@@ -92,46 +95,47 @@ class AnswerWait:
         return True
 
 
-class _Pressure:
-    __slots__ = ("fd", "at_s", "total_us", "calm")
+class _Runnable:
+    """The moving average of the machine's runnable tasks, sampled by cpu_calm."""
+
+    __slots__ = ("fd", "at_s", "avg", "cpus", "calm")
 
     def __init__(self):
-        self.fd = -1
         self.at_s = 0.0
-        self.total_us = -1
+        self.avg = -1.0
         self.calm = False
         try:
-            self.fd = os.open(PRESSURE_PATH, os.O_RDONLY | os.O_CLOEXEC)
+            self.cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            self.cpus = os.cpu_count() or 1
+        try:
+            self.fd = os.open(LOADAVG_PATH, os.O_RDONLY)
         except OSError:
-            self.fd = -2  # no PSI here: never calm
+            self.fd = -2  # nothing to count with: never calm
 
     def sample(self, now: float) -> bool:
-        total, avg10 = -1, 100.0
+        running = -1
         if self.fd >= 0:
-            try:
-                line = os.pread(self.fd, 256, 0).split(b"\n", 1)[0]  # "some avg10=.. avg60=.. avg300=.. total=N"
-                total = int(line.rsplit(b"total=", 1)[1])
-                avg10 = float(line.split(b"avg10=", 1)[1].split(None, 1)[0])
-            except (OSError, ValueError, IndexError):  # psi=0 boots give EOPNOTSUPP on read
+            try:  # "0.52 0.58 0.59 3/1234 5678": 3 runnable (this reader among them)
+                running = int(os.pread(self.fd, 128, 0).split()[3].split(b"/", 1)[0])
+            except (OSError, ValueError, IndexError):
                 os.close(self.fd)
                 self.fd = -2
-                total = -1
-        if total < 0:
+        if running < 0:
             self.calm = False
-        elif self.total_us >= 0:
-            self.calm = (total - self.total_us) < CALM_STALL_MAX * (now - self.at_s) * 1e6
-        else:  # the first reading: the kernel's own 10 s average until there is a sample of ours
-            self.calm = avg10 < CALM_STALL_MAX * 100
-        self.at_s, self.total_us = now, total
+        else:
+            self.avg = running if self.avg < 0 else self.avg * 0.5 + running * 0.5
+            self.calm = self.avg < self.cpus + 0.5  # (the counts are whole: an average of 2.4 is mostly 2s)
+        self.at_s = now
         return self.calm
 
 
-_pressure: _Pressure | None = None
+_runnable: _Runnable | None = None
 
 
 class Spinner:
     """Keeps an event loop polling instead of sleeping for up to `window_s` after a request, while requests
-    come closer together than that and no task waits for a CPU. One per RpcServer (rpc/server.py), and the
+    come closer together than that and a CPU is free (cpu_calm). One per RpcServer (rpc/server.py), and the
     FUSE daemon's for the kernel's requests (client/fuse.py); cheap per request (a clock read and a moving
     average)."""
 
@@ -165,26 +169,26 @@ class Spinner:
 
 
 def cpu_calm() -> bool:
-    """True while no runnable task waited for a CPU lately (see the module docstring)."""
-    global _pressure
-    p = _pressure
-    if p is None:
-        p = _pressure = _Pressure()
+    """True while the machine has no more runnable tasks than CPUs for this process (module docstring)."""
+    global _runnable
+    r = _runnable
+    if r is None:
+        r = _runnable = _Runnable()
     now = time.monotonic()
-    if now - p.at_s < SAMPLE_S:
-        return p.calm
-    return p.sample(now)
+    if now - r.at_s < SAMPLE_S:
+        return r.calm
+    return r.sample(now)
 
 
 def _forget_in_child() -> None:
-    global _pressure
+    global _runnable
     _spinning[0] = 0  # a thread of the parent may have been spinning at the fork
-    if _pressure is not None and _pressure.fd >= 0:
+    if _runnable is not None and _runnable.fd >= 0:
         try:
-            os.close(_pressure.fd)
+            os.close(_runnable.fd)
         except OSError:
             pass
-    _pressure = None
+    _runnable = None
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
