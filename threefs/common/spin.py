@@ -17,9 +17,9 @@ polling instead of sleeping, for a short while, so the next request finds it awa
 
 When. Only while there are no more runnable tasks than CPUs: `cpu_calm()` reads the number of runnable
 tasks (the 4th field of /proc/loadavg, which counts the reader itself) every SAMPLE_S and allows spinning
-while its moving average (of the last few samples) is at most the CPUs this process may use. Measured, sampling every 5 ms: one
-client reading at queue depth 1 with the storage service spinning, 1.8 runnable on average besides the
-sampler; 8 client processes calling one meta server, 3.7-4.0; 4 threads of batch reads, more. So a spinner
+while its moving average (of the last few samples) is at most the CPUs this process may use. Measured,
+sampling every 5 ms: one client reading at queue depth 1 with the storage service spinning, 1.8 runnable on
+average besides the sampler; 8 client processes calling one meta server, 3.7-4.0. So a spinner
 never takes a CPU that another task waits for for long, and on a busy machine (8 client processes on 2 CPUs,
 a storage batch saturating both) nothing spins. (The kernel's CPU pressure, /proc/pressure/cpu, did not tell
 these apart: 10% of the time some task waited in the queue-depth-1 case, 6-9% with 8 clients.) Spinners also
