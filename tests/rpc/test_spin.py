@@ -218,9 +218,8 @@ def test_bad_spin_setting_is_a_clear_error():
 def test_async_client_loop_spin_answers_alike_and_spins_only_for_quick_answers(transport, calm, monkeypatch):
     """RpcClient.spin (the FUSE daemon's): the loop polls while a quick answer is due (when the CPU is calm),
     sleeps for slow ones, and every call gets its own answer either way."""
-    from threefs.rpc import client as client_mod
     from threefs.rpc.client import LoopSpin, RpcClient
-    monkeypatch.setattr(client_mod, "cpu_calm", lambda: calm)
+    monkeypatch.setattr(spin, "cpu_calm", lambda: calm)
 
     async def main():
         server, port = await _server()

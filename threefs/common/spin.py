@@ -133,39 +133,48 @@ class _Runnable:
 _runnable: _Runnable | None = None
 
 
-class Spinner:
+class LoopPoller:
+    """Keeps an asyncio loop polling (a callback that schedules itself: epoll with no timeout) instead of
+    sleeping until `until_s`, while a CPU is free (cpu_calm), yielding the CPU at each turn (sched_yield).
+    `loop`: the loop polling now, if any. Spinner and rpc/client.py LoopSpin say until when."""
+
+    def __init__(self):
+        self.until_s = 0.0
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def poll_until(self, until_s: float) -> None:
+        self.until_s = max(self.until_s, until_s)
+        loop = asyncio.get_running_loop()
+        if self.loop is not loop and cpu_calm():
+            self.loop = loop
+            loop.call_soon(self._spin)
+
+    def _spin(self) -> None:
+        if time.perf_counter() < self.until_s and cpu_calm():
+            os.sched_yield()  # a task woken on this CPU (a peer?) runs at once
+            self.loop.call_soon(self._spin)
+        else:
+            self.loop = None
+
+
+class Spinner(LoopPoller):
     """Keeps an event loop polling instead of sleeping for up to `window_s` after a request, while requests
     come closer together than that and a CPU is free (cpu_calm). One per RpcServer (rpc/server.py), and the
     FUSE daemon's for the kernel's requests (client/fuse.py); cheap per request (a clock read and a moving
     average)."""
 
     def __init__(self, window_s: float):
+        super().__init__()
         self.window_s = window_s
         self.gap_s = 4 * window_s  # moving average of the time between requests (starts "far apart")
         self.last_s = 0.0
-        self.until_s = 0.0
-        self.loop: asyncio.AbstractEventLoop | None = None  # the loop spinning now, if any
 
     def arrived(self) -> None:
         now = time.perf_counter()
         gap, self.last_s = now - self.last_s, now
         self.gap_s = self.gap_s * 0.75 + min(gap, 8 * self.window_s) * 0.25
         if self.gap_s < self.window_s:
-            self.until_s = now + self.window_s
-            loop = asyncio.get_running_loop()
-            if self.loop is not loop and cpu_calm():
-                self.loop = loop
-                loop.call_soon(self._spin)
-
-    def _spin(self) -> None:
-        # A callback that schedules itself: the loop polls its sockets without waiting (epoll timeout 0)
-        # before running it again. The CPU goes to any task that needs it (sched_yield), and the spin
-        # stops when the window passes without a request or the CPU gets contended.
-        if time.perf_counter() < self.until_s and cpu_calm():
-            os.sched_yield()
-            self.loop.call_soon(self._spin)
-        else:
-            self.loop = None
+            self.poll_until(now + self.window_s)
 
 
 def cpu_calm() -> bool:

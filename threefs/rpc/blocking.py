@@ -31,7 +31,6 @@ from threefs.rpc.schemas.common import PROTOCOL_VERSION, Hello, HelloRsp
 
 RECV_BYTES = 64 * 1024
 
-
 _header_decoder = msgspec.msgpack.Decoder(Header)
 # This process's id, kept current by a fork hook: os.getpid() is a system call, and usable() runs per call.
 _pid = [os.getpid()]

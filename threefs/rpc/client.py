@@ -14,14 +14,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import time
 import uuid
 
 import msgspec
 
 from threefs.common import limits, local_socket
-from threefs.common.spin import CLIENT_SPIN_S_MAX, cpu_calm
+from threefs.common.spin import CLIENT_SPIN_S_MAX, LoopPoller
 from threefs.common.status import StatusCode, ThreeFSError, UnavailableError, status_error
 from threefs.rpc.frame import (KIND_GRANT, KIND_HELLO, KIND_REQUEST, KIND_RTS, Header, Scatter, body_encoder,
                                encode_frame_head)
@@ -168,39 +167,25 @@ class ClientConnection(FramedProtocol):
             entry.token = None
 
 
-class LoopSpin:
-    """While a call whose answer usually comes quickly is pending, keep the event loop polling (a callback
-    that schedules itself: epoll with no timeout) instead of sleeping until the answer wakes it; the client
-    side of common/spin.py's trade. Per connection, a moving average of its answers' times; a call spins
-    the loop up to twice that, if it is under `spin_s_max` and the CPU is calm. Only for a loop that has
-    nothing else to do while it waits (the FUSE daemon's): a loop sharing its thread's CPU with other
-    threads would take the GIL from them."""
+class LoopSpin(LoopPoller):
+    """While a call whose answer usually comes quickly is pending, keep the event loop polling instead of
+    sleeping until the answer wakes it; the client side of common/spin.py's trade. Per connection, a moving
+    average of its answers' times; a call polls the loop up to twice that, if it is under `spin_s_max` and
+    the CPU is calm. Only for a loop that has nothing else to do while it waits (the FUSE daemon's): a loop
+    sharing its thread's CPU with other threads would take the GIL from them."""
 
     def __init__(self, spin_s_max: float | None = None):
+        super().__init__()
         self.spin_s_max = CLIENT_SPIN_S_MAX if spin_s_max is None else spin_s_max
-        self.until_s = 0.0
-        self.loop: asyncio.AbstractEventLoop | None = None  # the loop spinning now, if any
 
     def started(self, conn: "ClientConnection") -> float:
         t0 = time.perf_counter()
-        wait = conn.answer_s
-        if wait < self.spin_s_max:
-            self.until_s = max(self.until_s, t0 + 2 * wait)
-            loop = asyncio.get_running_loop()
-            if self.loop is not loop and cpu_calm():
-                self.loop = loop
-                loop.call_soon(self._spin)
+        if conn.answer_s < self.spin_s_max:
+            self.poll_until(t0 + 2 * conn.answer_s)
         return t0
 
     def answered(self, conn: "ClientConnection", t0: float) -> None:
         conn.answer_s = conn.answer_s * 0.75 + (time.perf_counter() - t0) * 0.25
-
-    def _spin(self) -> None:
-        if time.perf_counter() < self.until_s and cpu_calm():
-            os.sched_yield()  # a task woken on this CPU (the server?) runs at once
-            self.loop.call_soon(self._spin)
-        else:
-            self.loop = None
 
 
 class RpcClient:
