@@ -18,6 +18,7 @@ from threefs.common.status import KVConflictError, StatusCode, ThreeFSError
 from threefs.kv import KVEngine, open_engine, register_engine
 from threefs.kv.api import ENGINE_MODULES
 from threefs.kv.memory import MemoryEngine
+from threefs.kv import sqlite as sqlite_engine
 from threefs.kv.sqlite import SqliteEngine
 
 REPO_ROOT = Path(threefs.__file__).resolve().parents[1]
@@ -138,7 +139,7 @@ def test_sqlite_conflicts_between_connections(tmp_path):
 def spawn(script: str, *args: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 INCREMENT_SCRIPT = """
@@ -229,3 +230,89 @@ def test_sqlite_refuses_a_file_it_cannot_use(tmp_path):
         with pytest.raises(ThreeFSError) as info:
             asyncio.run(open_engine(f"sqlite://{path}"))
         assert info.value.code == StatusCode.KV_ERROR and str(path) in str(info.value)
+
+
+def _shm_descriptors(db_path: Path) -> int:
+    """How many of this process's descriptors are open on the database's -shm file."""
+    shm = f"{db_path}-shm"
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == shm
+        except OSError:
+            pass
+    return count
+
+
+COMMIT_AND_TELL_SCRIPT = """
+    import asyncio, sys
+    from threefs.kv import open_engine
+
+    async def main(url, count):
+        engine = await open_engine(url)
+        for i in range(1, count + 1):
+            tr = engine.transaction()
+            tr.set(b"counter", b"%d" % i)
+            await tr.commit()
+            print(i, flush=True)  # after COMMIT returned: a read that starts now must see it
+            sys.stdin.readline()  # the reader checked
+        await engine.close()
+
+    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+"""
+
+
+def test_sqlite_newest_version_from_the_wal_index(tmp_path):
+    """A read transaction with no commit since the engine's last version query asks SQLite nothing (the
+    WAL-index header is unchanged); every commit that returned, in any process or engine, is seen by the next
+    transaction all the same."""
+    db = tmp_path / "kv.db"
+    url = f"sqlite://{db}"
+
+    async def body():
+        first, second = await open_engine(url), await open_engine(url)
+        assert first._shm is not None and first._shm is second._shm  # one mapping per process and file
+        assert sqlite_engine._shm_maps[first._shm_key][2] == 2
+        statements: list[str] = []
+        first._conn.set_trace_callback(statements.append)
+        try:
+            tr = second.transaction()
+            tr.set(b"counter", b"0")
+            await tr.commit()
+            assert await first.transaction().get(b"counter") == b"0"  # a commit since: one query
+            assert len(statements) >= 1
+            statements.clear()
+            for _ in range(3):
+                assert await first.transaction().get(b"counter") == b"0"
+            assert statements == []  # nothing committed since: no statement at all
+
+            await second.close()  # the other engine's end keeps the shared descriptor (and SQLite's locks)
+            assert sqlite_engine._shm_maps[first._shm_key][2] == 1
+
+            child = spawn(COMMIT_AND_TELL_SCRIPT, url, "200")
+            try:
+                for i in range(1, 201):
+                    line = child.stdout.readline()
+                    assert line.strip() == str(i), child.stderr.read() if not line else line
+                    # The child's COMMIT returned before it printed: this transaction starts after it.
+                    assert await first.transaction().get(b"counter") == b"%d" % i
+                    child.stdin.write("\n")
+                    child.stdin.flush()
+                _, err = child.communicate(timeout=30)
+                assert child.returncode == 0, err
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+            statements.clear()
+            tr = first.transaction()
+            tr.set(b"counter", b"ours")
+            await tr.commit()
+            assert await first.transaction().get(b"counter") == b"ours"
+        finally:
+            await first.close()
+            await second.close()
+        assert _shm_descriptors(db) == 0  # the last engine on the file closed ours (and SQLite its own)
+        assert sqlite_engine._shm_maps == {}
+
+    asyncio.run(body())

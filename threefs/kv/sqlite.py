@@ -38,6 +38,17 @@ clear_range empties it instead). So a stat storm costs one statement per transac
 burst of creates in one directory reads the directory's records from memory. Conflict tracking is untouched:
 reads are recorded by the transaction before they reach the engine, and checked against the write log at commit.
 
+The newest version without a statement. Every read transaction starts by asking for the newest version, and
+that statement (plus the shared-memory locks SQLite takes for it) costs more than the rest of a cached stat.
+SQLite's WAL index (the "-shm" file, mapped by every connection) begins with a header that every commit of
+any connection rewrites before its COMMIT returns (its change counter grows by one per commit); SQLite keeps
+two copies, written in opposite order, so a reader can tell a header being rewritten. The engine maps the
+first bytes of that file read-only and remembers the header as it was just before its last version query:
+while both copies still equal it, no commit has finished since, and that query's answer is still the newest
+version. Anything else (a commit, a WAL restart, a header being written, no mapping) runs the statement. The
+file is opened once per process and file and closed with the last engine on it, after SQLite's connections:
+closing any descriptor of a file drops all of the process's POSIX locks on it, SQLite's included.
+
 SQLite calls block, and they run directly inside the async methods: a local statement takes microseconds and a
 commit one WAL append, cheaper than a hop to a thread. Only waiting for another process's write lock (bounded by
 BUSY_TIMEOUT_S; commits are short, so waits are too) blocks the event loop for longer.
@@ -48,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import mmap
 import os
 import sqlite3
 import threading
@@ -104,6 +116,55 @@ _GC_DELETE = (
 )
 
 
+WAL_HEADER_BYTES = 48  # one copy of SQLite's WAL-index header (https://sqlite.org/walformat.html)
+_shm_maps: dict[tuple[int, int], list] = {}  # (st_dev, st_ino) of a -shm file -> [fd, mmap, engines using it]
+_shm_maps_lock = threading.Lock()
+
+
+def _map_wal_index(db_path: str) -> tuple[tuple[int, int] | None, mmap.mmap | None]:
+    """(key, the mapped WAL-index header) of an open WAL database, shared with the other engines of this
+    process on the same file; the header is None when it cannot be mapped (the engine then asks SQLite every
+    time), the key None when the file cannot be opened. Give a key back with _unmap_wal_index."""
+    try:
+        fd = os.open(db_path + "-shm", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        log.info("SQLite KV %s: no WAL index to map (%s); the newest version comes from a query", db_path, exc)
+        return None, None
+    with _shm_maps_lock:
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        shared = _shm_maps.get(key)
+        if shared is not None:
+            # Another engine's descriptor serves; ours goes at once (while that engine's connections are
+            # open, closing it drops none of SQLite's locks).
+            os.close(fd)
+            shared[2] += 1
+            return key, shared[1]
+        view = None
+        try:
+            if st.st_size < 2 * WAL_HEADER_BYTES:
+                raise OSError("the WAL index is not initialised")
+            view = mmap.mmap(fd, 2 * WAL_HEADER_BYTES, mmap.MAP_SHARED, mmap.PROT_READ)
+        except (OSError, ValueError) as exc:
+            log.info("SQLite KV %s: cannot map the WAL index (%s); the newest version comes from a query",
+                     db_path, exc)
+        # Kept open even unmapped: the descriptor closes only after SQLite's connections (module docstring).
+        _shm_maps[key] = [fd, view, 1]
+        return key, view
+
+
+def _unmap_wal_index(key: tuple[int, int]) -> None:
+    """One engine on the file is done, its connections closed; the last one closes the mapping."""
+    with _shm_maps_lock:
+        shared = _shm_maps[key]
+        shared[2] -= 1
+        if shared[2] == 0:
+            del _shm_maps[key]
+            if shared[1] is not None:
+                shared[1].close()
+            os.close(shared[0])
+
+
 def _newest_per_key(
     rows: Iterable[tuple[bytes, bytes | None]], newest_first: bool
 ) -> Iterator[tuple[bytes, bytes | None]]:
@@ -147,6 +208,8 @@ class SqliteEngine(KVEngine):
                 self._conn.close()
             raise status_error(StatusCode.KV_ERROR, f"cannot open SQLite KV {path}: {exc}") from exc
         self._checkpointer = _Checkpointer(path, sync)
+        self._shm_key, self._shm = _map_wal_index(path)
+        self._shm_known: tuple[bytes | None, int] = (None, -1)  # (header before the last query, its answer)
 
     @staticmethod
     def _setup(conn: sqlite3.Connection, sync: str) -> None:
@@ -189,7 +252,11 @@ class SqliteEngine(KVEngine):
                 return
             self._conn.close()
             self._conn = None
+            self._shm = None
         await asyncio.to_thread(self._checkpointer.stop)  # may wait for a checkpoint's fsync
+        if self._shm_key is not None:  # after both our connections closed (module docstring)
+            _unmap_wal_index(self._shm_key)
+            self._shm_key = None
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:
@@ -204,7 +271,20 @@ class SqliteEngine(KVEngine):
 
     # -- called by LocalEngineTransaction --------------------------------------------------------------------
     def latest_version(self) -> int:
+        shm = self._shm
+        if shm is not None:  # no commit finished since the last query: its answer stands (module docstring)
+            known = self._shm_known
+            try:
+                head = shm[:WAL_HEADER_BYTES]
+                if head == known[0] and head == shm[WAL_HEADER_BYTES:2 * WAL_HEADER_BYTES]:
+                    return known[1]
+            except ValueError:  # closed under us: the statement below says so
+                pass
         with self._connection() as conn:
+            shm = self._shm
+            # Read before the query: a commit that lands in between changes the header from this copy, so
+            # the next call asks again; the query itself sees every commit this copy does.
+            head = shm[:2 * WAL_HEADER_BYTES] if shm is not None else None
             # One statement, so one snapshot: the newest version, the horizon, and what every commit since
             # the cache's version wrote (none: one row with NULL).
             since = self._cache_version if self._cache else 1 << 62  # nothing to forget: no log wanted
@@ -212,6 +292,9 @@ class SqliteEngine(KVEngine):
             version, horizon = rows[0][0], rows[0][1]
             if version != self._cache_version:
                 self._catch_up(version, horizon, [blob for _, _, blob in rows if blob is not None])
+            if head is not None:  # a header being rewritten (its copies differ) is remembered as unknown
+                first = head[:WAL_HEADER_BYTES]
+                self._shm_known = (first if first == head[WAL_HEADER_BYTES:] else None, version)
             return version
 
     def _catch_up(self, version: int, horizon: int, logged: list[bytes]) -> None:
