@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import sqlite3
 import subprocess
@@ -20,6 +21,9 @@ from threefs.kv.api import ENGINE_MODULES
 from threefs.kv.memory import MemoryEngine
 from threefs.kv import sqlite as sqlite_engine
 from threefs.kv.sqlite import SqliteEngine
+
+from tests.kv.conftest import FakeClock
+from tests.kv.test_kv_model import SLOTS, STEPS, Model, step
 
 REPO_ROOT = Path(threefs.__file__).resolve().parents[1]
 
@@ -314,5 +318,71 @@ def test_sqlite_newest_version_from_the_wal_index(tmp_path):
             await second.close()
         assert _shm_descriptors(db) == 0  # the last engine on the file closed ours (and SQLite its own)
         assert sqlite_engine._shm_maps == {}
+
+    asyncio.run(body())
+
+
+class _EitherEngine:
+    """Hands out each transaction from one of several engines, chosen by a seeded generator."""
+
+    def __init__(self, engines: list[KVEngine], rng):
+        self.engines, self.rng = engines, rng
+
+    def transaction(self):
+        return self.rng.choice(self.engines).transaction()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sqlite_two_engines_match_the_serial_model(tmp_path, seed):
+    """The seeded model test (test_kv_model.py) with every transaction on one of two SQLite engines on one
+    file (two meta servers on one KV): what each engine caches, and what it knows of the newest version, must
+    follow the other's commits; the model checks the whole state after every commit, from either engine."""
+    async def body():
+        clock = FakeClock()
+        engines = [SqliteEngine(f"{tmp_path}/kv.db", clock=clock) for _ in range(2)]
+        try:
+            rng = random.Random(seed)
+            either = _EitherEngine(engines, random.Random(seed + 1000))
+            model, slots, counter = Model(), [None] * SLOTS, [0]
+            both_cached = 0  # steps after which both engines held cached values
+            for _ in range(STEPS):
+                await step(rng, model, either, slots, counter, clock)
+                both_cached += all(engine._cache for engine in engines)
+            for slot in slots:
+                if slot is not None:
+                    slot[0].cancel()
+            assert len(model.log) > 50 and model.rejected > 10, (len(model.log), model.rejected)
+            assert both_cached > STEPS // 4, both_cached  # not vacuous: the caches were in play
+        finally:
+            for engine in engines:
+                await engine.close()
+
+    asyncio.run(body())
+
+
+def test_sqlite_commit_forgets_what_others_wrote_meanwhile(tmp_path):
+    """An engine's commit made after another engine's commit (within one transaction of ours) keeps its read
+    cache, minus what the other wrote: the next read sees the other's value, not the cached one."""
+    async def body():
+        url = f"sqlite:///{tmp_path}/kv.db"
+        ours, theirs = await open_engine(url), await open_engine(url)
+        try:
+            tr = ours.transaction()
+            tr.set(b"k", b"1")
+            tr.set(b"j", b"x")
+            await tr.commit()
+            assert await ours.transaction().get(b"k") == b"1"  # cached from here on
+            mine = ours.transaction()
+            assert await mine.get(b"j") == b"x"  # its snapshot: before the other's commit
+            other = theirs.transaction()
+            other.set(b"k", b"2")
+            await other.commit()
+            mine.set(b"m", b"y")
+            await mine.commit()  # no conflict (it read only j); the other's commit came between
+            assert ours._cache.get(b"j") == b"x"  # the cache was kept...
+            assert await ours.transaction().get(b"k") == b"2"  # ...without the value the other replaced
+        finally:
+            await ours.close()
+            await theirs.close()
 
     asyncio.run(body())

@@ -32,9 +32,10 @@ and answers a read at exactly that version from memory: MVCC makes the value of 
 and a transaction whose read version equals the cache's reads the same snapshot. When the read version moved
 on (another process or connection committed), the same statement that reads it returns the write ranges those
 commits logged, and only the keys they wrote are forgotten (all of them if the log was already pruned past
-the cache's version). Our own commit, made when no other commit
-came between the cache's version and it, moves the cache to the new version with its writes applied (a
-clear_range empties it instead). So a stat storm costs one statement per transaction (its read version), and a
+the cache's version). Our own commit moves the cache to the new version with its writes applied (a
+clear_range empties it instead); what other connections committed between the cache's version and ours is
+forgotten first, read from the write log inside the commit's own locked snapshot (so two meta servers on one
+file keep their caches across each other's commits). So a stat storm costs one statement per transaction (its read version), and a
 burst of creates in one directory reads the directory's records from memory. Conflict tracking is untouched:
 reads are recorded by the transaction before they reach the engine, and checked against the write log at commit.
 
@@ -106,6 +107,8 @@ _GET = (
     "SELECT (SELECT horizon FROM meta), "
     "(SELECT value FROM kv WHERE key = ? AND version <= ? ORDER BY version DESC LIMIT 1)"
 )
+# What the commits after the cache's version wrote, read by a commit under the write lock (catch-up).
+_MISSED = "SELECT ranges FROM write_log WHERE version > ? AND version <= ? LIMIT ?"
 _RANGES_ENCODER = msgspec.msgpack.Encoder()
 _RANGES_DECODER = msgspec.msgpack.Decoder(list[tuple[bytes, bytes]])
 _RANGE = "SELECT key, value FROM kv WHERE key >= ? AND key < ? AND version <= ? ORDER BY key {0}, version {0}"
@@ -351,6 +354,11 @@ class SqliteEngine(KVEngine):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 last, horizon = conn.execute("SELECT version, horizon FROM meta").fetchone()
+                # Others committed since the cache's version: what they wrote, to forget it below (in this
+                # snapshot, under the write lock) rather than the whole cache.
+                since = self._cache_version
+                missed = (conn.execute(_MISSED, (since, last, CATCH_UP_COMMITS_MAX + 1)).fetchall()
+                          if last != since and self._cache and since >= horizon else None)
                 if read_version is not None:
                     self._check_horizon(read_version, horizon)  # below it, needed log entries may be gone
                     if read_version != last:  # else nothing committed since our snapshot: no conflict
@@ -366,6 +374,8 @@ class SqliteEngine(KVEngine):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+            if missed is not None and self._cache_version == since:
+                self._catch_up(last, horizon, [blob for (blob,) in missed])
             self._advance_cache(last, version, writes)
             return version
 
