@@ -41,6 +41,10 @@ def test_parse_splits_like_linux():
         ("/" + "é" * 128, StatusCode.NAME_TOO_LONG),  # 256 bytes in UTF-8: the limit counts bytes
         ("/a" * (limits.PATH_DEPTH_MAX + 1), StatusCode.NAME_TOO_LONG),
         ("/" + "/".join(["n" * 200] * 21), StatusCode.NAME_TOO_LONG),  # > PATH_BYTES_MAX
+        ("/" + "\u20ac" * 86, StatusCode.NAME_TOO_LONG),  # 86 characters, 258 bytes
+        ("/" + "/".join(["\u20ac" * 80] * 18), StatusCode.NAME_TOO_LONG),  # 1,458 characters, 4,338 bytes
+        ("/" + "\u20ac" * 90 + "/a\x00", StatusCode.NAME_TOO_LONG),  # the first bad name's error
+        ("/a\x00/" + "\u20ac" * 90, StatusCode.INVALID_PATH),
     ],
 )
 def test_parse_rejects(path, code):
@@ -49,6 +53,8 @@ def test_parse_rejects(path, code):
 
 def test_parse_accepts_limits():
     parse_path("/" + "n" * limits.NAME_BYTES_MAX)
+    parse_path("/" + "\u20ac" * 85)  # 255 bytes
+    parse_path("/" + "/".join(["\u20ac" * 80] * 16))  # 3,856 bytes in 1,296 characters
     parse_path("/a" * limits.PATH_DEPTH_MAX)
     parse_path("/./." * 100 + "/a")  # '.' components are not depth
 

@@ -158,6 +158,9 @@ class BufferedTransaction(Transaction):
     def _engine_read_version(self) -> int:
         """The latest committed version: every commit at or below it is visible, none above it."""
 
+    # A plain (blocking, quick) function doing what _engine_get does, for engines that have one.
+    _engine_get_now: Callable[[bytes, int], bytes | None] | None = None
+
     @abc.abstractmethod
     async def _engine_get(self, key: bytes, version: int) -> bytes | None:
         """The committed value of `key` as of `version`; KV_TOO_OLD if that version was pruned."""
@@ -190,6 +193,9 @@ class BufferedTransaction(Transaction):
         if found:
             return value
         self._check_age()
+        engine_get_now = self._engine_get_now
+        if engine_get_now is not None:  # an engine that answers at once: no coroutine for it
+            return engine_get_now(key, version)
         return await self._engine_get(key, version)
 
     async def get_range(
@@ -333,6 +339,7 @@ class LocalEngineTransaction(BufferedTransaction):
     def __init__(self, engine):
         super().__init__(clock=engine.clock, window_s=engine.window_s)
         self._engine = engine
+        self._engine_get_now = engine.get_at
 
     def _engine_read_version(self) -> int:
         return self._engine.latest_version()

@@ -85,12 +85,14 @@ def parse_path(path: str, parent: int = NO_PARENT) -> ParsedPath:
                                f"path {path!r} is not absolute (must start with '/')")
         if not 0 <= parent <= INODE_MAX:
             raise status_error(StatusCode.INVALID_ARGUMENT, f"parent inode {parent} is out of range")
-    size = len(encode_name(path))
-    if size > limits.PATH_BYTES_MAX:
-        raise status_error(
-            StatusCode.NAME_TOO_LONG, f"path {path[:60]!r}... is {size} bytes, over the limit of "
-            f"{limits.PATH_BYTES_MAX}"
-        )
+    # UTF-8 takes at most 4 bytes a character: a shorter text cannot be over a byte limit, and is not encoded.
+    if len(path) * 4 > limits.PATH_BYTES_MAX:
+        size = len(encode_name(path))
+        if size > limits.PATH_BYTES_MAX:
+            raise status_error(
+                StatusCode.NAME_TOO_LONG, f"path {path[:60]!r}... is {size} bytes, over the limit of "
+                f"{limits.PATH_BYTES_MAX}"
+            )
     raw = [part for part in path.split("/") if part]
     parts = [part for part in raw if part != "."]
     if len(parts) > limits.PATH_DEPTH_MAX:
@@ -98,11 +100,20 @@ def parse_path(path: str, parent: int = NO_PARENT) -> ParsedPath:
             StatusCode.NAME_TOO_LONG, f"path {path[:60]!r}... has {len(parts)} components, over the limit of "
             f"{limits.PATH_DEPTH_MAX}"
         )
-    for part in parts:
-        if part != "..":
-            check_name(part, path)
+    if parts and ("\x00" in path or max(map(len, parts)) * 4 > limits.NAME_BYTES_MAX):
+        for part in parts:  # some name may be invalid: each checked, in order (the first error is raised)
+            if part != "..":
+                check_name(part, path)
     trailing_slash = path.endswith("/") and bool(raw)
-    components, last, kind = split_last(path)
+    # split_last's answer, from the same split
+    if not raw:
+        components, last, kind = (), "", Last.ROOT
+    else:
+        last = raw[-1]
+        if last == ".":
+            components, kind = tuple(parts), Last.DOT
+        else:
+            components, kind = tuple(parts[:-1]), Last.DOTDOT if last == ".." else Last.NAME
     if path.startswith("/"):
         return ParsedPath(path, components, last, kind, trailing_slash)
     if kind is Last.ROOT:  # "" relative to an inode: the inode itself
