@@ -386,3 +386,60 @@ def test_sqlite_commit_forgets_what_others_wrote_meanwhile(tmp_path):
             await theirs.close()
 
     asyncio.run(body())
+
+
+class _AfterCommit:
+    """A connection that runs `then()` right after its next COMMIT statement (before the engine looks at
+    the WAL index again): another connection's commit landing in that gap."""
+
+    def __init__(self, conn: sqlite3.Connection, then):
+        self._conn, self._then = conn, then
+
+    def execute(self, sql, *args):
+        cursor = self._conn.execute(sql, *args)
+        if sql == "COMMIT" and self._then is not None:
+            then, self._then = self._then, None
+            then()
+        return cursor
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+def test_sqlite_knows_its_own_commit_is_the_newest(tmp_path):
+    """After its own commit an engine asks SQLite nothing for the next transaction's version (the WAL index's
+    commit counter moved by exactly one), unless another connection committed in between."""
+    async def body():
+        url = f"sqlite:///{tmp_path}/kv.db"
+        ours, theirs = await open_engine(url), await open_engine(url)
+        statements: list[str] = []
+        ours._conn.set_trace_callback(statements.append)
+        try:
+            assert await ours.transaction().get(b"k") is None  # the cache starts at the newest version
+            tr = ours.transaction()
+            tr.set(b"k", b"1")
+            await tr.commit()
+            statements.clear()
+            assert await ours.transaction().get(b"k") == b"1"
+            assert statements == []  # neither the version nor the value was asked for
+
+            def theirs_commits() -> None:  # a plain call: the SQLite engine's commit never waits
+                other = theirs.transaction()
+                other.set(b"k", b"2")
+                try:
+                    other.commit().send(None)
+                except StopIteration:
+                    pass
+
+            real = ours._conn
+            ours._conn = _AfterCommit(real, theirs_commits)
+            tr = ours.transaction()
+            tr.set(b"j", b"x")
+            await tr.commit()  # theirs commits right after our COMMIT
+            ours._conn = real
+            assert await ours.transaction().get(b"k") == b"2"  # not the cached b"1"
+        finally:
+            await ours.close()
+            await theirs.close()
+
+    asyncio.run(body())

@@ -46,8 +46,10 @@ any connection rewrites before its COMMIT returns (its change counter grows by o
 two copies, written in opposite order, so a reader can tell a header being rewritten. The engine maps the
 first bytes of that file read-only and remembers the header as it was just before its last version query:
 while both copies still equal it, no commit has finished since, and that query's answer is still the newest
-version. Anything else (a commit, a WAL restart, a header being written, no mapping) runs the statement. The
-file is opened once per process and file and closed with the last engine on it, after SQLite's connections:
+version. Anything else (a commit, a WAL restart, a header being written, no mapping) runs the statement.
+After its own commit the engine knows the newest version without asking either: the header's commit counter,
+read under SQLite's write lock and again after COMMIT, moved by exactly one (any later commit of another
+connection would have moved it again). The file is opened once per process and file and closed with the last engine on it, after SQLite's connections:
 closing any descriptor of a file drops all of the process's POSIX locks on it, SQLite's included.
 
 SQLite calls block, and they run directly inside the async methods: a local statement takes microseconds and a
@@ -63,6 +65,7 @@ import logging
 import mmap
 import os
 import sqlite3
+import sys
 import threading
 import time
 import urllib.parse
@@ -120,6 +123,7 @@ _GC_DELETE = (
 
 
 WAL_HEADER_BYTES = 48  # one copy of SQLite's WAL-index header (https://sqlite.org/walformat.html)
+_CHANGE_COUNTER = slice(8, 12)  # its iChange: a native u32 that every commit increments by one
 _shm_maps: dict[tuple[int, int], list] = {}  # (st_dev, st_ino) of a -shm file -> [fd, mmap, engines using it]
 _shm_maps_lock = threading.Lock()
 
@@ -354,6 +358,9 @@ class SqliteEngine(KVEngine):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 last, horizon = conn.execute("SELECT version, horizon FROM meta").fetchone()
+                # The WAL index's commit counter now: under the write lock, no other commit moves it.
+                shm = self._shm
+                counter = shm[_CHANGE_COUNTER] if shm is not None else None
                 # Others committed since the cache's version: what they wrote, to forget it below (in this
                 # snapshot, under the write lock) rather than the whole cache.
                 since = self._cache_version
@@ -377,7 +384,21 @@ class SqliteEngine(KVEngine):
             if missed is not None and self._cache_version == since:
                 self._catch_up(last, horizon, [blob for (blob,) in missed])
             self._advance_cache(last, version, writes)
+            if counter is not None:
+                self._know_own_commit(shm, counter, version)
             return version
+
+    def _know_own_commit(self, shm: mmap.mmap, counter: bytes, version: int) -> None:
+        """After our COMMIT: if the header's commit counter moved by exactly one (ours; any other commit since
+        would have moved it again), our version is the newest while the header stays as it is now."""
+        try:
+            head = shm[:2 * WAL_HEADER_BYTES]
+        except ValueError:
+            return
+        first = head[:WAL_HEADER_BYTES]
+        if first == head[WAL_HEADER_BYTES:] and (int.from_bytes(first[_CHANGE_COUNTER], sys.byteorder)
+                                                 == (int.from_bytes(counter, sys.byteorder) + 1) & 0xFFFFFFFF):
+            self._shm_known = (first, version)
 
     def _advance_cache(self, last: int, version: int, writes: WriteBuffer) -> None:
         """After our commit at `version` (lock held): the cache, if it was of `last` (the version just before
