@@ -35,9 +35,10 @@ commits logged, and only the keys they wrote are forgotten (all of them if the l
 the cache's version). Our own commit moves the cache to the new version with its writes applied (a
 clear_range empties it instead); what other connections committed between the cache's version and ours is
 forgotten first, read from the write log inside the commit's own locked snapshot (so two meta servers on one
-file keep their caches across each other's commits). So a stat storm costs one statement per transaction (its read version), and a
-burst of creates in one directory reads the directory's records from memory. Conflict tracking is untouched:
-reads are recorded by the transaction before they reach the engine, and checked against the write log at commit.
+file keep their caches across each other's commits). So a stat storm of cached records costs no statement at
+all (the newest version comes from the WAL index, below), and a burst of creates in one directory reads the
+directory's records from memory. Conflict tracking is untouched: reads are recorded by the transaction before
+they reach the engine, and checked against the write log at commit.
 
 The newest version without a statement. Every read transaction starts by asking for the newest version, and
 that statement (plus the shared-memory locks SQLite takes for it) costs more than the rest of a cached stat.
@@ -49,8 +50,9 @@ while both copies still equal it, no commit has finished since, and that query's
 version. Anything else (a commit, a WAL restart, a header being written, no mapping) runs the statement.
 After its own commit the engine knows the newest version without asking either: the header's commit counter,
 read under SQLite's write lock and again after COMMIT, moved by exactly one (any later commit of another
-connection would have moved it again). The file is opened once per process and file and closed with the last engine on it, after SQLite's connections:
-closing any descriptor of a file drops all of the process's POSIX locks on it, SQLite's included.
+connection would have moved it again). The file is opened once per process and file and closed with the last
+engine on it, after SQLite's connections: closing any descriptor of a file drops all of the process's POSIX
+locks on it, SQLite's included.
 
 SQLite calls block, and they run directly inside the async methods: a local statement takes microseconds and a
 commit one WAL append, cheaper than a hop to a thread. Only waiting for another process's write lock (bounded by

@@ -57,6 +57,7 @@ RTS_TIMEOUT_S = 5.0  # request-to-send: send anyway when no grant comes (3FS doe
 # remembered as checked (see VerifiedChunks).
 VERIFY_WHOLE_BYTES_MAX = 8 << 20
 VERIFIED_ENTRIES_MAX = 65536
+PARTIAL_CHECK_ATTEMPTS = 4  # whole reads of a chunk whose committed length keeps changing, then CHUNK_LOCKED
 REMOVE_PARALLEL = 16  # chunks of one remove_range(s) request removed through the chain at once
 # A read_packed of one IO covering a whole committed chunk of at least this size is sent straight from the
 # data file (os.sendfile) when the client asks for zero_copy; smaller ones are cheaper copied.
@@ -909,8 +910,11 @@ class StorageService:
             if e.code == StatusCode.CHUNK_NOT_FOUND:  # removed meanwhile: a hole
                 return ss.ReadResult(0, 0)
             return ss.ReadResult(int(e.code), 0, e.message)
+        if verify and len(data) != meta.length and verified is not None and meta.update_ver == meta.commit_ver:
+            # committed anew (longer) between the two lookups: this is part of that version, checked whole
+            return StorageService._read_part_checked(engine, io, out, nowait, verified)
         data_crc = crc32c.crc32c(data)  # ~20 GB/s: cheap beside the rest of a read
-        if verify and data_crc != meta.crc:  # a whole chunk: checked against its write-time checksum
+        if verify and len(data) == meta.length and data_crc != meta.crc:  # checked against its write-time crc
             return ss.ReadResult(int(StatusCode.CHECKSUM_MISMATCH), 0,
                                  f"chunk {io.chunk_id.hex()} on target {io.target_id} fails its checksum; "
                                  "read another replica (repair started)")
@@ -920,24 +924,33 @@ class StorageService:
     def _read_part_checked(engine: ChunkEngine, io: ss.ReadIO, out: memoryview, nowait: bool,
                            verified: VerifiedChunks):
         """A partial read of a chunk version not yet checked here: read it whole, check it against its
-        write-time checksum, remember it as checked, and answer the part asked for."""
-        meta = engine.get_meta(io.chunk_id)
-        if meta is None:
-            return ss.ReadResult(0, 0)  # removed meanwhile: a hole
-        whole = memoryview(bytearray(meta.length))
-        try:
-            data, meta = engine.read(io.chunk_id, 0, meta.length, whole, nowait=nowait)
-        except ThreeFSError as e:
-            if e.code == StatusCode.CHUNK_NOT_FOUND:
-                return ss.ReadResult(0, 0)
-            return ss.ReadResult(int(e.code), 0, e.message)
-        if len(data) == meta.length and meta.update_ver == meta.commit_ver:  # else changed meanwhile: unchecked
-            if crc32c.crc32c(data) != meta.crc:
-                return ss.ReadResult(int(StatusCode.CHECKSUM_MISMATCH), 0,
-                                     f"chunk {io.chunk_id.hex()} on target {io.target_id} fails its checksum "
-                                     "(a partial read checks the whole chunk once); read another replica "
-                                     "(repair started)")
-            verified.add((io.target_id, io.chunk_id, meta.commit_ver, meta.crc))  # versions restart after a removal
+        write-time checksum, remember it as checked, and answer the part asked for. Never unchecked: a pending
+        version (a write or a repair under way) changes nothing, since the committed bytes are read and checked
+        against the committed checksum that the same lookup returned; a committed length that changed between
+        the two lookups is read whole again."""
+        for _ in range(PARTIAL_CHECK_ATTEMPTS):
+            meta = engine.get_meta(io.chunk_id)
+            if meta is None:
+                return ss.ReadResult(0, 0)  # removed meanwhile: a hole
+            whole = memoryview(bytearray(meta.length))
+            try:
+                data, meta = engine.read(io.chunk_id, 0, meta.length, whole, nowait=nowait)
+            except ThreeFSError as e:
+                if e.code == StatusCode.CHUNK_NOT_FOUND:
+                    return ss.ReadResult(0, 0)
+                return ss.ReadResult(int(e.code), 0, e.message)
+            if len(data) == meta.length:  # (data and meta come from one lookup: the committed version)
+                break
+        else:
+            return ss.ReadResult(int(StatusCode.CHUNK_LOCKED), 0,
+                                 f"chunk {io.chunk_id.hex()} on target {io.target_id} was committed anew "
+                                 f"{PARTIAL_CHECK_ATTEMPTS} times while a partial read checked it; read it again")
+        if crc32c.crc32c(data) != meta.crc:
+            return ss.ReadResult(int(StatusCode.CHECKSUM_MISMATCH), 0,
+                                 f"chunk {io.chunk_id.hex()} on target {io.target_id} fails its checksum "
+                                 "(a partial read checks the whole chunk once); read another replica "
+                                 "(repair started)")
+        verified.add((io.target_id, io.chunk_id, meta.commit_ver, meta.crc))  # versions restart after a removal
         part = data[io.offset:io.offset + io.length]
         out[:len(part)] = part
         return ss.ReadResult(0, len(part), "", meta.commit_ver, meta.crc, crc32c.crc32c(part))
