@@ -443,3 +443,28 @@ def test_sqlite_knows_its_own_commit_is_the_newest(tmp_path):
             await theirs.close()
 
     asyncio.run(body())
+
+
+def test_sqlite_maps_the_wal_index_of_a_database_reached_by_a_symlink(tmp_path):
+    """SQLite keeps the -shm beside the file a symbolic link points to; the engine maps that one, so an
+    engine opened through the link and one opened by the real path share it and see each other's commits."""
+    (tmp_path / "real").mkdir()
+    real = tmp_path / "real" / "x.db"
+    sqlite3.connect(real).close()
+    (tmp_path / "kv.db").symlink_to(real)
+
+    async def body():
+        linked, direct = await open_engine(f"sqlite://{tmp_path}/kv.db"), await open_engine(f"sqlite://{real}")
+        try:
+            assert linked._shm is not None and linked._shm is direct._shm
+            assert not (tmp_path / "kv.db-shm").exists()
+            for engine, other, value in ((linked, direct, b"1"), (direct, linked, b"2")):
+                tr = engine.transaction()
+                tr.set(b"k", value)
+                await tr.commit()
+                assert await other.transaction().get(b"k") == value
+        finally:
+            await linked.close()
+            await direct.close()
+
+    asyncio.run(body())

@@ -134,8 +134,8 @@ def _map_wal_index(db_path: str) -> tuple[tuple[int, int] | None, mmap.mmap | No
     """(key, the mapped WAL-index header) of an open WAL database, shared with the other engines of this
     process on the same file; the header is None when it cannot be mapped (the engine then asks SQLite every
     time), the key None when the file cannot be opened. Give a key back with _unmap_wal_index."""
-    try:
-        fd = os.open(db_path + "-shm", os.O_RDONLY | os.O_CLOEXEC)
+    try:  # the file SQLite uses: beside the database file, symbolic links resolved (as SQLite resolves them)
+        fd = os.open(os.path.realpath(db_path) + "-shm", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         log.info("SQLite KV %s: no WAL index to map (%s); the newest version comes from a query", db_path, exc)
         return None, None
