@@ -162,6 +162,14 @@ def _map_wal_index(db_path: str) -> tuple[tuple[int, int] | None, mmap.mmap | No
         return key, view
 
 
+def _wal_header(shm: mmap.mmap) -> bytes | None:
+    """The WAL-index header now, or None while it is being rewritten (its two copies differ). Raises
+    ValueError once the mapping is closed."""
+    both = shm[:2 * WAL_HEADER_BYTES]
+    first = both[:WAL_HEADER_BYTES]
+    return first if first == both[WAL_HEADER_BYTES:] else None
+
+
 def _unmap_wal_index(key: tuple[int, int]) -> None:
     """One engine on the file is done, its connections closed; the last one closes the mapping."""
     with _shm_maps_lock:
@@ -284,16 +292,17 @@ class SqliteEngine(KVEngine):
         if shm is not None:  # no commit finished since the last query: its answer stands (module docstring)
             known = self._shm_known
             try:
-                head = shm[:WAL_HEADER_BYTES]
-                if head == known[0] and head == shm[WAL_HEADER_BYTES:2 * WAL_HEADER_BYTES]:
+                head = _wal_header(shm)
+                if head is not None and head == known[0]:
                     return known[1]
             except ValueError:  # closed under us: the statement below says so
                 pass
         with self._connection() as conn:
             shm = self._shm
             # Read before the query: a commit that lands in between changes the header from this copy, so
-            # the next call asks again; the query itself sees every commit this copy does.
-            head = shm[:2 * WAL_HEADER_BYTES] if shm is not None else None
+            # the next call asks again; the query itself sees every commit this copy does. (A header being
+            # rewritten is remembered as unknown: None.)
+            head = _wal_header(shm) if shm is not None else None
             # One statement, so one snapshot: the newest version, the horizon, and what every commit since
             # the cache's version wrote (none: one row with NULL).
             since = self._cache_version if self._cache else 1 << 62  # nothing to forget: no log wanted
@@ -301,9 +310,8 @@ class SqliteEngine(KVEngine):
             version, horizon = rows[0][0], rows[0][1]
             if version != self._cache_version:
                 self._catch_up(version, horizon, [blob for _, _, blob in rows if blob is not None])
-            if head is not None:  # a header being rewritten (its copies differ) is remembered as unknown
-                first = head[:WAL_HEADER_BYTES]
-                self._shm_known = (first if first == head[WAL_HEADER_BYTES:] else None, version)
+            if shm is not None:
+                self._shm_known = (head, version)
             return version
 
     def _catch_up(self, version: int, horizon: int, logged: list[bytes]) -> None:
@@ -394,13 +402,12 @@ class SqliteEngine(KVEngine):
         """After our COMMIT: if the header's commit counter moved by exactly one (ours; any other commit since
         would have moved it again), our version is the newest while the header stays as it is now."""
         try:
-            head = shm[:2 * WAL_HEADER_BYTES]
+            head = _wal_header(shm)
         except ValueError:
             return
-        first = head[:WAL_HEADER_BYTES]
-        if first == head[WAL_HEADER_BYTES:] and (int.from_bytes(first[_CHANGE_COUNTER], sys.byteorder)
-                                                 == (int.from_bytes(counter, sys.byteorder) + 1) & 0xFFFFFFFF):
-            self._shm_known = (first, version)
+        if head is not None and (int.from_bytes(head[_CHANGE_COUNTER], sys.byteorder)
+                                 == (int.from_bytes(counter, sys.byteorder) + 1) & 0xFFFFFFFF):
+            self._shm_known = (head, version)
 
     def _advance_cache(self, last: int, version: int, writes: WriteBuffer) -> None:
         """After our commit at `version` (lock held): the cache, if it was of `last` (the version just before

@@ -105,15 +105,7 @@ def parse_path(path: str, parent: int = NO_PARENT) -> ParsedPath:
             if part != "..":
                 check_name(part, path)
     trailing_slash = path.endswith("/") and bool(raw)
-    # split_last's answer, from the same split
-    if not raw:
-        components, last, kind = (), "", Last.ROOT
-    else:
-        last = raw[-1]
-        if last == ".":
-            components, kind = tuple(parts), Last.DOT
-        else:
-            components, kind = tuple(parts[:-1]), Last.DOTDOT if last == ".." else Last.NAME
+    components, last, kind = _last_of(raw, parts)
     if path.startswith("/"):
         return ParsedPath(path, components, last, kind, trailing_slash)
     if kind is Last.ROOT:  # "" relative to an inode: the inode itself
@@ -133,8 +125,14 @@ def split_last(path: str) -> tuple[tuple[str, ...], str, Last]:
 
     Also used for symlink targets, which are never empty (an empty path has no meaning here)."""
     raw = [part for part in path.split("/") if part]
+    return _last_of(raw, [part for part in raw if part != "."])
+
+
+def _last_of(raw: list[str], parts: list[str]) -> tuple[tuple[str, ...], str, Last]:
+    """split_last's answer from a path's non-empty components (`raw`) and those without '.' (`parts`)."""
     if not raw:
         return (), "", Last.ROOT
     last = raw[-1]
-    kind = Last.DOT if last == "." else Last.DOTDOT if last == ".." else Last.NAME
-    return tuple(part for part in raw[:-1] if part != "."), last, kind
+    if last == ".":
+        return tuple(parts), last, Last.DOT
+    return tuple(parts[:-1]), last, Last.DOTDOT if last == ".." else Last.NAME

@@ -910,8 +910,9 @@ class StorageService:
             if e.code == StatusCode.CHUNK_NOT_FOUND:  # removed meanwhile: a hole
                 return ss.ReadResult(0, 0)
             return ss.ReadResult(int(e.code), 0, e.message)
-        if verify and len(data) != meta.length and verified is not None and meta.update_ver == meta.commit_ver:
+        if verify and len(data) != meta.length and verified is not None:
             # committed anew (longer) between the two lookups: this is part of that version, checked whole
+            # (whatever is pending by now: _read_part_checked checks the committed bytes)
             return StorageService._read_part_checked(engine, io, out, nowait, verified)
         data_crc = crc32c.crc32c(data)  # ~20 GB/s: cheap beside the rest of a read
         if verify and len(data) == meta.length and data_crc != meta.crc:  # checked against its write-time crc
