@@ -250,15 +250,19 @@ class FilePayload:
     other frame is written until it is done: the protocol counts as paused), writes the frame's head and
     the file's bytes from a thread of its own (a read of bytes not in the page cache waits for the disk
     there, not in the event loop; a full socket is waited for with poll), and gives the connection back.
+    Bytes the sender found in the page cache (`cached`) first go out inline, as many as the socket takes
+    at once; only the rest, if any, goes to the thread (the hop cost more than the send: see
+    rpc/server.py UNIX_SEND_BUFFER_BYTES).
     A send that fails or times out midway leaves a partial frame: the connection is aborted.
 
     `on_done` runs once the bytes are sent or the send gave up (e.g. to let the chunk engine reuse the
     blocks: see FileLease)."""
 
-    __slots__ = ("fd", "offset", "count", "deadline_s")
+    __slots__ = ("fd", "offset", "count", "deadline_s", "cached")
 
-    def __init__(self, fd: int, offset: int, count: int, deadline_s: float = 60.0):
+    def __init__(self, fd: int, offset: int, count: int, deadline_s: float = 60.0, cached: bool = False):
         self.fd, self.offset, self.count, self.deadline_s = fd, offset, count, deadline_s
+        self.cached = cached  # the sender found all the bytes in the page cache: try sending them inline
 
     def __len__(self) -> int:
         return self.count
@@ -282,6 +286,15 @@ class FilePayload:
         import os
         import socket
 
+        head_left, offset, count = head, self.offset, self.count
+        if self.cached:  # in the page cache: as much as the socket takes now, right here (no thread hop)
+            try:
+                head_left, offset, count = _send_now(sock.fileno(), head, self.fd, offset, count)
+            except BaseException:
+                transport.abort()  # (the peer went away) a partial frame may have gone out
+                raise
+            if not count and not head_left:
+                return
         # The thread sends on duplicates of both descriptors: if the transport closes the socket meanwhile
         # (the peer went away, an abort) or the engine closes its data file, their numbers may be reused by
         # the next open; the duplicates keep the thread's writes on this connection and reads from this file.
@@ -289,8 +302,8 @@ class FilePayload:
         src = os.dup(self.fd)
         protocol.pause_writing()  # other frames wait (FramedProtocol.send) until this one is out
         try:
-            fut = asyncio.get_running_loop().run_in_executor(_send_pool, _send_blocking, out.fileno(), head, src,
-                                                             self.offset, self.count, self.deadline_s)
+            fut = asyncio.get_running_loop().run_in_executor(_send_pool, _send_blocking, out.fileno(), head_left,
+                                                             src, offset, count, self.deadline_s)
             try:
                 await asyncio.shield(fut)
             except asyncio.CancelledError:
@@ -318,6 +331,30 @@ class FilePayload:
             out.close()
             os.close(src)
             protocol.resume_writing()
+
+
+def _send_now(sock_fd: int, head: bytes, fd: int, offset: int, count: int) -> tuple[bytes, int, int]:
+    """Write head, then file bytes [offset, offset+count), to a non-blocking socket until it is full;
+    returns what is left (head, offset, count). Only for bytes in the page cache: sendfile does not wait for
+    the socket, but it would for the disk."""
+    import os
+
+    try:
+        n = os.write(sock_fd, head)
+    except BlockingIOError:
+        return head, offset, count
+    if n < len(head):
+        return head[n:], offset, count
+    try:
+        while count:
+            sent = os.sendfile(sock_fd, fd, offset, count)
+            if sent == 0:  # the file ends short: the thread's loop says so
+                break
+            offset += sent
+            count -= sent
+    except BlockingIOError:
+        pass
+    return b"", offset, count
 
 
 def _send_blocking(sock_fd: int, head: bytes, fd: int, offset: int, count: int, deadline_s: float) -> None:

@@ -584,7 +584,7 @@ class StorageService:
         # against 0.64-0.66x safetensors in alternating runs). A cold chunk is read with O_DIRECT into a
         # pooled buffer instead (see _read_direct): the caller gets (engine, loc, epoch).
         try:
-            cached = page_cache_holds(fd, base, size)
+            cached = known = page_cache_holds(fd, base, size)
             if cached is None:  # no cachestat: probe both ends and the middle (they may start a readahead)
                 probe = self._probe
                 for at in (base, base + size // 2, base + size - 1):
@@ -601,7 +601,7 @@ class StorageService:
             engine.end_reads(epoch)
             return None
         results = _RESULT.pack(0, size, ver, crc, crc)
-        payload = FilePayload(fd, base, size, max(1.0, ctx.remaining()))
+        payload = FilePayload(fd, base, size, max(1.0, ctx.remaining()), cached=bool(known))
         return ss.PackedReadRsp(results, {}), FileLease(payload, lambda: engine.end_reads(epoch))
 
     async def _read_direct(self, engine, loc, epoch):
