@@ -97,3 +97,89 @@ def test_damaged_chunk_is_caught_on_arrival_and_repaired(private_cluster, rng):
         for _ in range(6):
             assert _whole_chunks(fs, "/z", len(data), False) == data
         assert storage.damaged_reads == damaged
+
+
+def test_big_ios_to_one_service_go_together():
+    from threefs.cluster.storage_client import BIG_IOS_PER_REQUEST, BIG_REQUEST_BYTES_MAX, _big_requests
+
+    idx = np.arange(100, 130)
+    positions = list(range(30))
+    nodes = [k % 3 for k in range(30)]
+    lengths = [CS] * 30
+    lengths[4] = BIG_REQUEST_BYTES_MAX  # alone: as big as a request may be
+    requests: list = []
+    _big_requests(requests, idx, positions, nodes, lengths, ["a", "b", "c"])
+    got = sorted(int(k) for _, part in requests for k in part)
+    assert got == list(range(100, 130))  # every IO once
+    for addr, part in requests:
+        ks = [int(k) - 100 for k in part]
+        assert {nodes[k] for k in ks} == {"abc".index(addr)}  # each on its node
+        assert len(ks) <= BIG_IOS_PER_REQUEST and (len(ks) == 1 or sum(lengths[k] for k in ks) <= BIG_REQUEST_BYTES_MAX)
+        assert ks == sorted(ks)
+    assert max(len(part) for _, part in requests) == BIG_IOS_PER_REQUEST
+    assert [a for a, _ in requests[:4]] == ["a", "b", "c", "a"]  # the nodes take turns
+
+
+def test_several_whole_chunks_in_one_zero_copy_request(private_cluster, rng):
+    """Whole chunks read together (one request per service carries several): cached ones sent from the data
+    files, cold ones read with O_DIRECT, a hole, a short last chunk and a chunk damaged on disk, all in the
+    same requests. The bytes are the caller's file's, the damaged chunk is caught on arrival and repaired."""
+    import os
+
+    cluster = private_cluster()
+    with Client.connect(str(cluster.client_config_path)) as fs:
+        n = 18
+        data = bytearray(rng.randbytes(n * CS + 4321))
+        data[5 * CS:6 * CS] = bytes(CS)  # chunk 5 never written: a hole
+        with fs.open("/many", "wb") as f:
+            f.write(data[:5 * CS])
+            f.seek(6 * CS)
+            f.write(data[6 * CS:])
+        inode = fs.stat("/many").inode
+        data_dir = Path(cluster.dir, "data")
+        for index in (2, 3, 11):  # cold on every replica: read with O_DIRECT
+            for path, base in chunk_replicas(data_dir, chunk_id(inode, index)):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                    os.posix_fadvise(fd, base, CS, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+        damaged = chunk_replicas(data_dir, chunk_id(inode, 7))
+        for where in damaged[:2]:
+            flip_bit(where, 4242)
+        for path, base in damaged:  # cached: sent zero-copy, unchecked by the server
+            with open(path, "rb") as f:
+                f.seek(base)
+                f.read(CS)
+        storage = fs.aio.storage
+        index_of = {chunk_id(inode, i): i for i in range(n + 1)}
+        sizes, failed = [], []
+        real = storage._read_request
+
+        async def spy(addr, req, batch, idx, *args, **kw):
+            # each request's own answers, before any retry: every IO's bytes right, or it failed (only the
+            # damaged chunk may, caught on arrival)
+            out = await real(addr, req, batch, idx, *args, **kw)
+            sizes.append(len(idx))
+            for k in idx.tolist():
+                i = index_of[batch.ios["chunk"][k:k + 1].tobytes()]
+                if k in batch.errors:
+                    failed.append(i)
+                    continue
+                want = bytes(data[i * CS:(i + 1) * CS])
+                got = int(batch.got[k])
+                assert got == (0 if i == 5 else len(want)), f"chunk {i} in a request of {len(idx)}"
+                assert bytes(batch.dest(k)[:len(want)]) == want, f"chunk {i} in a request of {len(idx)}"
+            return out
+
+        storage._read_request = spy
+        try:
+            for check_arrival in (False, True):
+                assert _whole_chunks(fs, "/many", len(data), check_arrival) == bytes(data)
+        finally:
+            del storage._read_request
+        assert max(sizes) > 1, "no request carried several chunks"
+        assert set(failed) <= {7}
+        assert storage.damaged_reads >= 1
+        wait_for(lambda: replica_differences(fs, "/many") == [], "the damaged copies repaired", 60)

@@ -243,26 +243,38 @@ _send_pool = None
 
 class FilePayload:
     """A response payload that is `count` bytes of an open file at `offset`, sent with os.sendfile from the
-    page cache to the socket: no copy through user space, no read into a buffer first.
+    page cache to the socket: no copy through user space, no read into a buffer first. `of_parts` makes one
+    of several parts in a row, each a file region (fd, offset, count) or a buffer (bytes in memory: a chunk
+    read with O_DIRECT, zeros): the payload of a packed read of several whole chunks.
 
     The wire is the same as for a buffer payload (prefix, header, then the bytes); only the sender differs.
     FramedProtocol.send hands a FilePayload to `send()` below, which takes the connection for itself (no
     other frame is written until it is done: the protocol counts as paused), writes the frame's head and
-    the file's bytes from a thread of its own (a read of bytes not in the page cache waits for the disk
-    there, not in the event loop; a full socket is waited for with poll), and gives the connection back.
-    Bytes the sender found in the page cache (`cached`) first go out inline, as many as the socket takes
-    at once; only the rest, if any, goes to the thread (the hop cost more than the send: see
-    rpc/server.py UNIX_SEND_BUFFER_BYTES).
+    the parts from a thread of its own (a read of bytes not in the page cache waits for the disk there, not
+    in the event loop; a full socket is waited for with poll), and gives the connection back. Parts the
+    sender found in the page cache (`cached`) first go out inline, as many bytes as the socket takes at
+    once; only the rest, if any, goes to the thread (the hop cost more than the send: see rpc/server.py
+    UNIX_SEND_BUFFER_BYTES).
     A send that fails or times out midway leaves a partial frame: the connection is aborted.
 
     `on_done` runs once the bytes are sent or the send gave up (e.g. to let the chunk engine reuse the
     blocks: see FileLease)."""
 
-    __slots__ = ("fd", "offset", "count", "deadline_s", "cached")
+    __slots__ = ("parts", "count", "deadline_s", "cached")
 
     def __init__(self, fd: int, offset: int, count: int, deadline_s: float = 60.0, cached: bool = False):
-        self.fd, self.offset, self.count, self.deadline_s = fd, offset, count, deadline_s
-        self.cached = cached  # the sender found all the bytes in the page cache: try sending them inline
+        self.parts: list = [(fd, offset, count)]
+        self.count, self.deadline_s = count, deadline_s
+        self.cached = cached  # the sender found all the file bytes in the page cache: try sending them inline
+
+    @classmethod
+    def of_parts(cls, parts: list, deadline_s: float = 60.0, cached: bool = False) -> "FilePayload":
+        """Parts in order: (fd, offset, count) of a file, or a buffer."""
+        self = cls.__new__(cls)
+        self.parts = [p if type(p) is tuple else memoryview(p).cast("B") for p in parts]
+        self.count = sum(p[2] if type(p) is tuple else len(p) for p in self.parts)
+        self.deadline_s, self.cached = deadline_s, cached
+        return self
 
     def __len__(self) -> int:
         return self.count
@@ -286,24 +298,34 @@ class FilePayload:
         import os
         import socket
 
-        head_left, offset, count = head, self.offset, self.count
+        parts = [memoryview(head)] + self.parts
         if self.cached:  # in the page cache: as much as the socket takes now, right here (no thread hop)
             try:
-                head_left, offset, count = _send_now(sock.fileno(), head, self.fd, offset, count)
+                parts = _send_now(sock.fileno(), parts)
             except BaseException:
                 transport.abort()  # (the peer went away) a partial frame may have gone out
                 raise
-            if not count and not head_left:
+            if not parts:
                 return
-        # The thread sends on duplicates of both descriptors: if the transport closes the socket meanwhile
+        # The thread sends on duplicates of the descriptors: if the transport closes the socket meanwhile
         # (the peer went away, an abort) or the engine closes its data file, their numbers may be reused by
         # the next open; the duplicates keep the thread's writes on this connection and reads from this file.
         out = socket.socket(fileno=os.dup(sock.fileno()))
-        src = os.dup(self.fd)
+        dups = []
+        try:
+            for k, part in enumerate(parts):
+                if type(part) is tuple:
+                    dups.append(os.dup(part[0]))
+                    parts[k] = (dups[-1], part[1], part[2])
+        except BaseException:
+            out.close()
+            for fd in dups:
+                os.close(fd)
+            raise
         protocol.pause_writing()  # other frames wait (FramedProtocol.send) until this one is out
         try:
-            fut = asyncio.get_running_loop().run_in_executor(_send_pool, _send_blocking, out.fileno(), head_left,
-                                                             src, offset, count, self.deadline_s)
+            fut = asyncio.get_running_loop().run_in_executor(_send_pool, _send_blocking, out.fileno(), parts,
+                                                             self.deadline_s)
             try:
                 await asyncio.shield(fut)
             except asyncio.CancelledError:
@@ -329,36 +351,40 @@ class FilePayload:
             raise
         finally:
             out.close()
-            os.close(src)
+            for fd in dups:
+                os.close(fd)
             protocol.resume_writing()
 
 
-def _send_now(sock_fd: int, head: bytes, fd: int, offset: int, count: int) -> tuple[bytes, int, int]:
-    """Write head, then file bytes [offset, offset+count), to a non-blocking socket until it is full;
-    returns what is left (head, offset, count). Only for bytes in the page cache: sendfile does not wait for
-    the socket, but it would for the disk."""
+def _send_now(sock_fd: int, parts: list) -> list:
+    """Write the parts (buffers, and file regions (fd, offset, count)) to a non-blocking socket until it is
+    full; returns what is left (the first part possibly begun). Only for file bytes in the page cache:
+    sendfile does not wait for the socket, but it would for the disk."""
     import os
 
-    try:
-        n = os.write(sock_fd, head)
-    except BlockingIOError:
-        return head, offset, count
-    if n < len(head):
-        return head[n:], offset, count
-    try:
-        while count:
-            sent = os.sendfile(sock_fd, fd, offset, count)
-            if sent == 0:  # the file ends short: the thread's loop says so
-                break
-            offset += sent
-            count -= sent
-    except BlockingIOError:
-        pass
-    return b"", offset, count
+    for k, part in enumerate(parts):
+        try:
+            if type(part) is tuple:
+                fd, offset, count = part
+                while count:
+                    sent = os.sendfile(sock_fd, fd, offset, count)
+                    if sent == 0:  # the file ends short: the thread's loop says so
+                        break
+                    offset += sent
+                    count -= sent
+                if count:
+                    return [(fd, offset, count)] + parts[k + 1:]
+            else:
+                while len(part):
+                    part = part[os.write(sock_fd, part):]
+        except BlockingIOError:
+            return [(fd, offset, count) if type(part) is tuple else part] + parts[k + 1:]
+    return []
 
 
-def _send_blocking(sock_fd: int, head: bytes, fd: int, offset: int, count: int, deadline_s: float) -> None:
-    """Write head, then file bytes [offset, offset+count), to a non-blocking socket (runs in a thread)."""
+def _send_blocking(sock_fd: int, parts: list, deadline_s: float) -> None:
+    """Write the parts (buffers, and file regions (fd, offset, count)) to a non-blocking socket (runs in a
+    thread)."""
     import os
     import select
     import time
@@ -375,21 +401,25 @@ def _send_blocking(sock_fd: int, head: bytes, fd: int, offset: int, count: int, 
             if ev & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
                 raise ConnectionResetError("connection closed during a file-backed send")
 
-    view = memoryview(head)
-    while len(view):
-        try:
-            view = view[os.write(sock_fd, view):]
-        except BlockingIOError:
-            wait()
-    end = offset + count
-    if count >= 1 << 20:  # bytes not cached yet: one readahead of all of them, not one per sendfile piece
-        os.posix_fadvise(fd, offset, count, os.POSIX_FADV_WILLNEED)
-    while offset < end:
-        try:
-            sent = os.sendfile(sock_fd, fd, offset, end - offset)
-        except BlockingIOError:
-            wait()
+    for part in parts:
+        if type(part) is not tuple:
+            view = part
+            while len(view):
+                try:
+                    view = view[os.write(sock_fd, view):]
+                except BlockingIOError:
+                    wait()
             continue
-        if sent == 0:
-            raise ConnectionResetError(f"file-backed send: the file ends {end - offset} bytes short")
-        offset += sent
+        fd, offset, count = part
+        end = offset + count
+        if count >= 1 << 20:  # bytes not cached yet: one readahead of all of them, not one per sendfile piece
+            os.posix_fadvise(fd, offset, count, os.POSIX_FADV_WILLNEED)
+        while offset < end:
+            try:
+                sent = os.sendfile(sock_fd, fd, offset, end - offset)
+            except BlockingIOError:
+                wait()
+                continue
+            if sent == 0:
+                raise ConnectionResetError(f"file-backed send: the file ends {end - offset} bytes short")
+            offset += sent

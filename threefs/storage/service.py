@@ -515,26 +515,43 @@ class StorageService:
             if tid in self.engines and (target is None or target.public_state != ms.SERVING or target.admin_offline):
                 routing = await self.mgmtd.refresh()  # maybe we are behind; then judge again
                 break
-        if req.zero_copy and n == 1 and not req.allow_uncommitted:
-            sent = self._zero_copy(arr, routing, ctx)
-            if sent is not None and len(sent) == 3:  # (engine, loc, epoch): not in the page cache: O_DIRECT
-                sent = await self._read_direct(*sent)
+        if req.zero_copy and n and not req.allow_uncommitted:
+            if n == 1:
+                sent = self._zero_copy(arr, routing, ctx)
+                if sent is not None and len(sent) == 3:  # (engine, loc, epoch): not in the page cache: O_DIRECT
+                    sent = await self._read_direct(*sent)
+            else:
+                sent = await self._zero_copy_many(ctx, arr, ends, routing)
             if sent is not None:
-                if req.request_to_send:
+                if req.request_to_send and len(sent[1].view):
                     try:
                         await ctx.request_to_send(ctx.rid, RTS_TIMEOUT_S)
                     except BaseException:
                         sent[1].release()
                         raise
                 return sent
+        rsp, lease = await self._serve_ordinary(ctx, arr, tids, ends, routing, req.allow_uncommitted)
+        if req.request_to_send and len(lease.view):  # receiver-paced: wait for the client's grant (or time out)
+            try:
+                await ctx.request_to_send(ctx.rid, RTS_TIMEOUT_S)
+            except BaseException:
+                lease.release()
+                raise
+        return rsp, lease
+
+    async def _serve_ordinary(self, ctx: CallContext, arr, tids: list, ends, routing: Routing,
+                              allow_uncommitted: bool) -> tuple[ss.PackedReadRsp, object]:
+        """(response, Lease of a pooled buffer) of a packed batch read into one buffer: page-cache hits
+        inline, the rest in one hop to the disk threads."""
+        n = len(arr)
         lease = ctx.conn.server.pool.acquire(ends[-1] if n else 0)
         results = bytearray(n * ss.READ_RESULT_BYTES)
         messages: dict[int, str] = {}
         try:
-            blocked = self._serve_packed(arr, tids, ends, routing, req.allow_uncommitted, lease.view, results,
+            blocked = self._serve_packed(arr, tids, ends, routing, allow_uncommitted, lease.view, results,
                                          messages, True)
             if blocked:
-                await self.disk(self._serve_blocked, arr, blocked, ends, routing, req.allow_uncommitted,
+                await self.disk(self._serve_blocked, arr, blocked, ends, routing, allow_uncommitted,
                                 lease.view, results, messages)
         except BaseException:
             lease.release()
@@ -546,13 +563,61 @@ class StorageService:
                 used = ends[k] - align_up(arr[k][4]) + length
                 break
         lease.view = lease.view[:used]
-        if req.request_to_send and used:  # receiver-paced: wait for the client's grant (or time out)
-            await ctx.request_to_send(ctx.rid, RTS_TIMEOUT_S)
         for k in messages:
             if _RESULT.unpack_from(results, k * _RESULT_BYTES)[0] == StatusCode.CHECKSUM_MISMATCH:
                 if self.scrubber is not None:
                     self._background(self.scrubber.report(arr[k][1], arr[k][2], "read"))
         return ss.PackedReadRsp(bytes(results), messages), lease
+
+    async def _zero_copy_many(self, ctx: CallContext, arr, ends, routing: Routing):
+        """(response, FileLease) of a zero-copy packed read of several IOs: each IO answered as it would be in
+        a request of its own (a whole committed chunk in the page cache: a region of its data file; a whole
+        one not cached: read with O_DIRECT; anything else: the ordinary path), the
+        answers sent as one payload (FilePayload.of_parts: regions and buffers in slot order, zeros where a
+        slot is not filled, trimmed after the last byte sent). One request, one handler and one send for
+        several chunks instead of one each (a sequential batch_read of 1 MiB chunks: the client's and the
+        server's per-request Python was a third of their CPU)."""
+        n = len(arr)
+        answers: list = []
+        try:
+            for k in range(n):
+                sent = self._zero_copy(arr[k:k + 1], routing, ctx)
+                if sent is not None and len(sent) == 3:  # (engine, loc, epoch): not in the page cache: O_DIRECT
+                    sent = await self._read_direct(*sent)  # (ends the read epoch whatever happens)
+                if sent is None:
+                    io = arr[k]
+                    sent = await self._serve_ordinary(ctx, [io], [io[1]], [align_up(io[4])], routing, False)
+                answers.append(sent)
+        except BaseException:
+            for _, lease in answers:
+                lease.release()
+            raise
+        results, messages, parts, leases, cached = [], {}, [], [], True
+        got = [_RESULT.unpack_from(rsp.results, 0)[1] for rsp, _ in answers]
+        last = max((k for k in range(n) if got[k]), default=-1)
+        for k, (rsp, lease) in enumerate(answers):
+            results.append(rsp.results)
+            if 0 in rsp.messages:
+                messages[k] = rsp.messages[0]
+            leases.append(lease)
+            if k > last:
+                continue
+            view = lease.view
+            if type(view) is FilePayload:
+                parts += view.parts
+                cached = cached and view.cached
+            elif len(view):
+                parts.append(view)
+            fill = (0 if k == last else align_up(arr[k][4])) - got[k]
+            if fill > 0:
+                parts.append(bytes(fill))
+
+        def done() -> None:
+            for one in leases:
+                one.release()
+
+        payload = FilePayload.of_parts(parts, max(1.0, ctx.remaining()), cached)
+        return ss.PackedReadRsp(b"".join(results), messages), FileLease(payload, done)
 
     def _zero_copy(self, arr, routing: Routing, ctx: CallContext):
         """(response, FileLease) sending one IO that covers a whole committed chunk of a v2 engine straight
