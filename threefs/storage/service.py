@@ -572,25 +572,34 @@ class StorageService:
     async def _zero_copy_many(self, ctx: CallContext, arr, ends, routing: Routing):
         """(response, FileLease) of a zero-copy packed read of several IOs: each IO answered as it would be in
         a request of its own (a whole committed chunk in the page cache: a region of its data file; a whole
-        one not cached: read with O_DIRECT; anything else: the ordinary path), the
+        one not cached: read with O_DIRECT, those at once; anything else: the ordinary path), the
         answers sent as one payload (FilePayload.of_parts: regions and buffers in slot order, zeros where a
         slot is not filled, trimmed after the last byte sent). One request, one handler and one send for
         several chunks instead of one each (a sequential batch_read of 1 MiB chunks: the client's and the
         server's per-request Python was a third of their CPU)."""
         n = len(arr)
-        answers: list = []
+        answers: list = [None] * n
         try:
+            cold = []  # (k, engine, loc, epoch): whole chunks not in the page cache
             for k in range(n):
                 sent = self._zero_copy(arr[k:k + 1], routing, ctx)
-                if sent is not None and len(sent) == 3:  # (engine, loc, epoch): not in the page cache: O_DIRECT
-                    sent = await self._read_direct(*sent)  # (ends the read epoch whatever happens)
-                if sent is None:
+                if sent is not None and len(sent) == 3:
+                    cold.append((k, *sent))
+                else:
+                    answers[k] = sent
+            if cold:  # read with O_DIRECT, all at once (as they were when each was a request of its own)
+                handed, cold = cold, []
+                await self._read_direct_many(handed, answers)  # (it ends their read epochs)
+            for k in range(n):
+                if answers[k] is None:
                     io = arr[k]
-                    sent = await self._serve_ordinary(ctx, [io], [io[1]], [align_up(io[4])], routing, False)
-                answers.append(sent)
+                    answers[k] = await self._serve_ordinary(ctx, [io], [io[1]], [align_up(io[4])], routing, False)
         except BaseException:
-            for _, lease in answers:
-                lease.release()
+            for _, engine, _, epoch in cold:
+                engine.end_reads(epoch)
+            for one in answers:
+                if one is not None:
+                    one[1].release()
             raise
         results, messages, parts, leases, cached = [], {}, [], [], True
         got = [_RESULT.unpack_from(rsp.results, 0)[1] for rsp, _ in answers]
@@ -668,6 +677,38 @@ class StorageService:
         results = _RESULT.pack(0, size, ver, crc, crc)
         payload = FilePayload(fd, base, size, max(1.0, ctx.remaining()), cached=bool(known))
         return ss.PackedReadRsp(results, {}), FileLease(payload, lambda: engine.end_reads(epoch))
+
+    async def _read_direct_many(self, cold: list, answers: list) -> None:
+        """_read_direct of several chunks (k, engine, loc, epoch) at once, each in a disk thread: answers[k]
+        becomes (response, Lease), or stays None (the ordinary path then reads it). Every epoch is ended
+        here, and on an error every buffer goes back."""
+        leases: list = [None] * len(cold)
+
+        async def one(i: int, engine, loc) -> int:
+            leases[i] = self.direct_pool.acquire(align_up(loc[2], DIRECT_ALIGN))
+            return await self.disk(engine.read_direct, loc[0], loc[1], leases[i].view)
+
+        try:
+            got = await asyncio.gather(*(one(i, engine, loc) for i, (_, engine, loc, _) in enumerate(cold)),
+                                       return_exceptions=True)
+            failed = next((g for g in got if isinstance(g, BaseException)), None)
+            if failed is not None:
+                raise failed
+        except BaseException:
+            for lease in leases:
+                if lease is not None:
+                    lease.release()
+            raise
+        finally:
+            for _, engine, _, epoch in cold:
+                engine.end_reads(epoch)
+        for (k, _, loc, _), lease, g in zip(cold, leases, got):
+            _, _, size, ver, crc = loc
+            if g < size:  # -1: no O_DIRECT; short: the data file ends early (the ordinary path says so)
+                lease.release()
+                continue
+            lease.view = lease.view[:size]
+            answers[k] = (ss.PackedReadRsp(_RESULT.pack(0, size, ver, crc, crc), {}), lease)
 
     async def _read_direct(self, engine, loc, epoch):
         """(response, Lease) of a whole committed chunk not in the page cache, read with O_DIRECT in a disk
