@@ -162,7 +162,7 @@ def test_caller_thread_path_failing_midway_leaves_no_other_ios_bytes():
     batch = _batch(True)
     idx = np.arange(len(LENGTHS))
     lengths = batch.ios["length"].astype(np.int64)
-    sent = ({1: (idx, lengths, np.cumsum(_aligned(lengths)))}, None)
+    sent = ({1: (idx, lengths, np.cumsum(_aligned(lengths)), True)}, None)
     assert SyncStorageReads._receive(None, "s1", Conn(), [idx], sent, batch, storage) is False
     assert set(batch.errors) == set(range(len(LENGTHS)))
     assert all(e.code == StatusCode.UNAVAILABLE for e in batch.errors.values())

@@ -183,3 +183,66 @@ def test_several_whole_chunks_in_one_zero_copy_request(private_cluster, rng):
         assert set(failed) <= {7}
         assert storage.damaged_reads >= 1
         wait_for(lambda: replica_differences(fs, "/many") == [], "the damaged copies repaired", 60)
+
+
+def test_parts_of_chunks_sent_from_the_data_files(cluster, fs, d, rng):
+    """Batches with IOs of 32 KiB or more (random samples of 64 KiB, say) are zero-copy requests: a part
+    of a chunk version the server has checked whole, in its page cache, goes out with sendfile from the data
+    file, its crc32c taken from a read just before; the rest (first partial reads of a version, cold parts,
+    holes, past the end, a short last chunk, IOs under 16 KiB) takes the ordinary path within the same requests. Through the
+    caller-thread path (small batches) and the loop's (big ones), cold and warm: the bytes are the file's and
+    no IO arrives damaged (a slot out of place would: it is checked on arrival, then read again)."""
+    import os
+
+    n = 12
+    data = bytearray(rng.randbytes(n * CS + 777))
+    data[4 * CS:5 * CS] = bytes(CS)  # chunk 4 never written: a hole
+    path = f"{d}/parts"
+    with fs.open(path, "wb") as f:
+        f.write(data[:4 * CS])
+        f.seek(5 * CS)
+        f.write(data[5 * CS:])
+    inode = fs.stat(path).inode
+    storage = fs.aio.storage
+    assert storage.zero_copy
+
+    def batch(count: int, mixed: bool = False) -> list:
+        items = []
+        for _ in range(count):
+            length = rng.choice([32 * KiB, 64 * KiB, 64 * KiB, 100 * KiB + 3, 127 * KiB]
+                                + ([1, 4096, 5000, 20 * KiB] if mixed else []))
+            off = rng.randrange(1, len(data) + 4 * KiB)
+            if off % CS == 0:
+                off += 1
+            items.append((path, off, np.full(length, 0xCD, dtype=np.uint8)))
+        return items
+
+    def check(items) -> None:
+        damaged = storage.damaged_reads
+        for (_, off, buf), got in zip(items, fs.batch_read(items)):
+            want = bytes(data[off:off + len(buf)])
+            assert got == len(want) and buf[:got].tobytes() == want
+        assert storage.damaged_reads == damaged, "an IO arrived damaged: a slot out of place"
+
+    def drop_chunks() -> None:  # cold on every replica
+        for i in range(n + 1):
+            for where, base in chunk_replicas(Path(cluster.dir, "data"), chunk_id(inode, i)):
+                fd = os.open(where, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                    os.posix_fadvise(fd, base, CS, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+
+    sync_before = fs._storage_sync.batches
+    for rounds in range(3):
+        if rounds == 1:
+            drop_chunks()
+        check(batch(40))  # under 8 MiB, no IO from a chunk's start: the caller-thread path
+        check(batch(300))  # over 16 MiB: the loop's path, several requests per service
+    for _ in range(3):  # warm and checked whole now: parts from the data files
+        check(batch(40))
+        check(batch(300))
+        check(batch(40, mixed=True))  # with small IOs (copied into the payload) among them
+        check(batch(300, mixed=True))
+    assert fs._storage_sync.batches > sync_before  # (both paths were taken)

@@ -225,15 +225,19 @@ class SyncStorageReads:
         """Send the requests on one connection: ({request id: (IO indices, lengths, slot ends)}, None), or
         the error that stopped sending (then nothing of this service is received)."""
         sent = {}
+        zero_copy_ok = self._aio.storage.zero_copy
         for idx in requests:
             ios = batch.ios[idx]
-            body = body_encoder.encode(ss.PackedReadReq(ios.tobytes(), False, False))
+            lengths = ios["length"].astype(np.int64)
+            # with an IO of 32 KiB or more the server may send big ones from its data files (every IO of the
+            # request is checked on arrival here then)
+            zero_copy = zero_copy_ok and int(lengths.max()) >= SCATTER_IO_BYTES_MIN
+            body = body_encoder.encode(ss.PackedReadReq(ios.tobytes(), False, False, zero_copy))
             try:
                 rid = conn.send(KIND_REQUEST, "storage.read_packed", body, self._timeout)
             except Broken as e:
                 return {}, e
-            lengths = ios["length"].astype(np.int64)
-            sent[rid] = (idx, lengths, np.cumsum(_aligned(lengths)))
+            sent[rid] = (idx, lengths, np.cumsum(_aligned(lengths)), zero_copy)
         return sent, None
 
     def _receive(self, addr: str, conn, requests: list[np.ndarray], sent: tuple, batch: ReadBatch,
@@ -246,7 +250,7 @@ class SyncStorageReads:
                 fail_ios(batch, idx, status_error(StatusCode.UNAVAILABLE, str(error)))
             return False
         expect = {rid: _in_place(batch, idx, lengths, ends, storage)
-                  for rid, (idx, lengths, ends) in sent.items()}
+                  for rid, (idx, lengths, ends, _) in sent.items()}
         while expect:
             try:
                 header, payload = conn.receive(expect)
@@ -260,7 +264,7 @@ class SyncStorageReads:
             target = expect.pop(header.rid)
             # received in place (the one IO's destination, or a run of destinations laid out as the payload)
             single = target is not None and (payload is None or len(payload) <= len(target))
-            idx, lengths, ends = sent[header.rid]
+            idx, lengths, ends, zero_copy = sent[header.rid]
             if header.status:
                 fail_ios(batch, idx, status_error(header.status, f"{addr}: {header.message}"))
                 continue
@@ -273,7 +277,9 @@ class SyncStorageReads:
             crcs = None
             if type(target) is Scatter:  # checked whatever check_arrival says (see StorageClient._scatter)
                 crcs = _arrived_crcs(payload, lengths) if type(payload) is Scatter else [None] * len(idx)
-            storage.apply_packed(addr, rsp, payload, batch, idx, lengths, ends, single, crcs=crcs)
+            # (no damage reports from here: this path sends no whole chunk from a chunk's start, the only IOs a
+            # server sends unchecked; a part arrives with the crc32c of the server's read, like any other)
+            storage.apply_packed(addr, rsp, payload, batch, idx, lengths, ends, single, zero_copy, crcs)
         return True
 
     def close(self) -> None:

@@ -654,9 +654,10 @@ class StorageClient:
         ios = batch.ios[idx]
         lengths = ios["length"].astype(np.int64)
         ends = np.cumsum(_aligned(lengths))
-        # One big IO may be sent by the server straight from its data file (zero_copy): the bytes of a whole
-        # chunk are then checked here on arrival (or by the caller, check_arrival=False) instead of there.
-        zero_copy = self.zero_copy and int(lengths.min()) >= SOLO_IO_BYTES_MIN
+        # With an IO of 32 KiB or more, the server may send big IOs straight from its data file (zero_copy:
+        # whole chunks unchecked there, parts with the crc32c of a read just before): every IO of the request
+        # is then checked here on arrival, check_arrival or not.
+        zero_copy = self.zero_copy and int(lengths.max()) >= SCATTER_IO_BYTES_MIN
         req = ss.PackedReadReq(ios.tobytes(), allow_uncommitted, self.rpc.senders is not None, zero_copy)
         # One IO: receive straight into the caller's memory; several big ones: straight into their own
         # destinations (Scatter); several small ones: into one buffer, then copied out.
@@ -674,9 +675,12 @@ class StorageClient:
             if lease is not None:
                 lease.release()
         if zero_copy:
-            for k in damaged or ():  # the server did not check it: it checks its copy now
-                self._background(self._report_damage(addr, int(batch.ios["target"][k]),
-                                                     batch.ios["chunk"][k:k + 1].tobytes()))
+            for k in damaged or ():
+                # a whole chunk (from a chunk's start, 128 KiB or more) may have been sent unchecked: the server
+                # checks its copy now (a part arrives with the crc32c of the server's read: damage on the way)
+                if int(batch.ios["offset"][k]) == 0 and int(batch.ios["length"][k]) >= SOLO_IO_BYTES_MIN:
+                    self._background(self._report_damage(addr, int(batch.ios["target"][k]),
+                                                         batch.ios["chunk"][k:k + 1].tobytes()))
 
     def _scatter(self, batch: "ReadBatch", idx: np.ndarray, lengths: np.ndarray) -> Scatter:
         """The payload of a packed request laid out over its IOs' destinations: each IO's slot is its

@@ -56,6 +56,9 @@ RTS_TIMEOUT_S = 5.0  # request-to-send: send anyway when no grant comes (3FS doe
 # time that version is read here (larger chunks rely on the scrub); VERIFIED_ENTRIES_MAX versions are
 # remembered as checked (see VerifiedChunks).
 VERIFY_WHOLE_BYTES_MAX = 8 << 20
+# Parts of chunks at least this long are sent from the data file in a zero-copy request (_serve_regions); a
+# smaller one costs less copied into the payload than a sendfile of its own
+REGION_BYTES_MIN = 16 << 10
 VERIFIED_ENTRIES_MAX = 65536
 PARTIAL_CHECK_ATTEMPTS = 4  # whole reads of a chunk whose committed length keeps changing, then CHUNK_LOCKED
 REMOVE_PARALLEL = 16  # chunks of one remove_range(s) request removed through the chain at once
@@ -112,6 +115,20 @@ class FileLease(Lease):
         done, self._done = self._done, None
         if done is not None:
             done()
+
+
+class _EpochHold:
+    """A chunk engine's read epoch held by a send (released with the send's other holds)."""
+
+    __slots__ = ("engine", "epoch", "view")
+
+    def __init__(self, engine, epoch: int):
+        self.engine, self.epoch, self.view = engine, epoch, None
+
+    def release(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.end_reads(self.epoch)
 
 
 class VerifiedChunks:
@@ -232,6 +249,7 @@ class StorageService:
         self.scrubber = None  # set by the runner (storage.scrub.Scrubber)
         self.verified = VerifiedChunks()  # chunk versions read whole and checked (partial reads)
         self._probe = memoryview(bytearray(1))  # page-cache probes of zero-copy reads (see _zero_copy)
+        self._scratch = memoryview(bytearray(256 << 10))  # parts read for their crc32c (_serve_regions)
         # whole cold chunks are read with O_DIRECT into these page-aligned buffers (_read_direct);
         # config.direct_reads = false (or THREEFS_DIRECT_READS=0 in the environment, to compare) reads them buffered
         # (reused, as the ordinary pool's: fresh memory costs a host fault per page)
@@ -570,63 +588,146 @@ class StorageService:
         return ss.PackedReadRsp(bytes(results), messages), lease
 
     async def _zero_copy_many(self, ctx: CallContext, arr, ends, routing: Routing):
-        """(response, FileLease) of a zero-copy packed read of several IOs: each IO answered as it would be in
-        a request of its own (a whole committed chunk in the page cache: a region of its data file; a whole
-        one not cached: read with O_DIRECT, those at once; anything else: the ordinary path), the
-        answers sent as one payload (FilePayload.of_parts: regions and buffers in slot order, zeros where a
-        slot is not filled, trimmed after the last byte sent). One request, one handler and one send for
-        several chunks instead of one each (a sequential batch_read of 1 MiB chunks: the client's and the
-        server's per-request Python was a third of their CPU)."""
+        """(response, FileLease) of a zero-copy packed read of several IOs (the client checks every IO on
+        arrival), sent as one payload of file regions and buffers in slot order (FilePayload.of_parts, zeros
+        where a slot is not filled, trimmed after the last byte sent):
+        - an IO of a whole committed chunk is answered as a request of its own would be (_zero_copy: a
+          region of its data file when it is in the page cache, else read with O_DIRECT, those at once);
+        - a part of a chunk version already checked whole, in the page cache, is read once into a scratch
+          buffer for its crc32c and sent from the data file (_serve_regions): no copy into a payload buffer
+          and no send copy (at 64 KiB those two copies were half of a storage service's CPU);
+        - anything else (a hole, a pending version, a first partial read of a version, a cold part, an
+          error) takes the ordinary path, all of them in one pass.
+        One request, one handler and one send for the whole batch (a sequential batch_read of 1 MiB chunks:
+        the client's and the server's per-request Python was a third of their CPU)."""
         n = len(arr)
-        answers: list = [None] * n
+        answers: list = [None] * n  # per IO: (result record, message or None, parts, bytes sent)
+        holds: list = []  # what the send holds (leases, read epochs): released once it is over
         try:
             cold = []  # (k, engine, loc, epoch): whole chunks not in the page cache
+            partial: dict[int, list[int]] = {}  # target -> IOs that are parts of chunks
             for k in range(n):
-                sent = self._zero_copy(arr[k:k + 1], routing, ctx)
-                if sent is not None and len(sent) == 3:
+                sent = self._zero_copy(arr[k:k + 1], routing, ctx) if arr[k][3] == 0 else None
+                if sent is None:
+                    partial.setdefault(arr[k][1], []).append(k)
+                elif len(sent) == 3:
                     cold.append((k, *sent))
                 else:
-                    answers[k] = sent
+                    self._answer(answers, holds, k, sent)
             if cold:  # read with O_DIRECT, all at once (as they were when each was a request of its own)
-                handed, cold = cold, []
-                await self._read_direct_many(handed, answers)  # (it ends their read epochs)
-            for k in range(n):
-                if answers[k] is None:
-                    io = arr[k]
-                    answers[k] = await self._serve_ordinary(ctx, [io], [io[1]], [align_up(io[4])], routing, False)
+                handed, cold, direct = cold, [], [None] * n
+                await self._read_direct_many(handed, direct)  # (it ends their read epochs)
+                for k, _, _, _ in handed:
+                    if direct[k] is None:
+                        partial.setdefault(arr[k][1], []).append(k)
+                    else:
+                        self._answer(answers, holds, k, direct[k])
+            for tid, ks in partial.items():
+                self._serve_regions(tid, arr, ks, routing, answers, holds)
+            rest = [k for k in range(n) if answers[k] is None]
+            if rest:  # the ordinary path, in one pass
+                sub = [arr[k] for k in rest]
+                sub_ends = check_packed_ios(sub)
+                rsp, lease = await self._serve_ordinary(ctx, sub, list({io[1] for io in sub}), sub_ends, routing,
+                                                        False)
+                holds.append(lease)
+                for j, k in enumerate(rest):
+                    record = rsp.results[j * _RESULT_BYTES:(j + 1) * _RESULT_BYTES]
+                    got = _RESULT.unpack_from(record, 0)[1]
+                    start = sub_ends[j] - align_up(sub[j][4])
+                    answers[k] = (record, rsp.messages.get(j), [lease.view[start:start + got]] if got else [], got)
         except BaseException:
             for _, engine, _, epoch in cold:
                 engine.end_reads(epoch)
-            for one in answers:
-                if one is not None:
-                    one[1].release()
+            for one in holds:
+                one.release()
             raise
-        results, messages, parts, leases, cached = [], {}, [], [], True
-        got = [_RESULT.unpack_from(rsp.results, 0)[1] for rsp, _ in answers]
-        last = max((k for k in range(n) if got[k]), default=-1)
-        for k, (rsp, lease) in enumerate(answers):
-            results.append(rsp.results)
-            if 0 in rsp.messages:
-                messages[k] = rsp.messages[0]
-            leases.append(lease)
+        results, messages, parts, cached = [], {}, [], True
+        last = max((k for k in range(n) if answers[k][3]), default=-1)
+        for k, (record, message, mine, got) in enumerate(answers):
+            results.append(record)
+            if message is not None:
+                messages[k] = message
             if k > last:
                 continue
-            view = lease.view
-            if type(view) is FilePayload:
-                parts += view.parts
-                cached = cached and view.cached
-            elif len(view):
-                parts.append(view)
-            fill = (0 if k == last else align_up(arr[k][4])) - got[k]
+            parts += mine
+            fill = (0 if k == last else align_up(arr[k][4])) - got
             if fill > 0:
                 parts.append(bytes(fill))
+        for one in holds:
+            view = getattr(one, "view", None)
+            if type(view) is FilePayload and not view.cached:
+                cached = False  # (regions of _serve_regions were read just now: in the page cache)
 
         def done() -> None:
-            for one in leases:
+            for one in holds:
                 one.release()
 
         payload = FilePayload.of_parts(parts, max(1.0, ctx.remaining()), cached)
         return ss.PackedReadRsp(b"".join(results), messages), FileLease(payload, done)
+
+    @staticmethod
+    def _answer(answers: list, holds: list, k: int, sent: tuple) -> None:
+        """IO k's answer from a (response, lease) of one IO (_zero_copy, _read_direct)."""
+        rsp, lease = sent
+        holds.append(lease)
+        view = lease.view
+        got = _RESULT.unpack_from(rsp.results, 0)[1]
+        answers[k] = (rsp.results, rsp.messages.get(0), list(view.parts) if type(view) is FilePayload
+                      else ([view] if len(view) else []), got)
+
+    def _serve_regions(self, tid: int, arr, ks: list[int], routing: Routing, answers: list, holds: list) -> None:
+        """Parts of committed chunks of target `tid` (IOs `ks`) answered as regions of the data file: each
+        read once into a scratch buffer for its crc32c (RWF_NOWAIT: page-cache hits only), the region sent
+        later with sendfile. The chunk's blocks stay owned by the read until the send is over (the read epoch
+        is held). The same choices as _serve_fast; what it does not serve (a hole, a pending version, a first
+        partial read of a version, past the end, a miss, a fold meanwhile) it leaves to the ordinary path.
+        The bytes sent may differ from those checksummed only if a fold wrote into the block meanwhile: the
+        client checks every IO of a zero-copy request on arrival (and reads another replica then)."""
+        engine = self.engines.get(tid)
+        if engine is None or not hasattr(engine, "read_locations"):
+            return
+        target = routing.info.targets.get(tid)
+        try:
+            craq.read_check(tid, target.public_state if target else None, None, False,
+                            target is not None and target.admin_offline)
+        except ThreeFSError:
+            return  # the ordinary path answers with the reason
+        locs, epoch, folds = engine.read_locations([arr[k][2] for k in ks], with_folds=True)
+        preadv, crc, pack, seen = os.preadv, crc32c.crc32c, _RESULT.pack, self.verified.seen
+        scratch = self._scratch
+        served = []
+        try:
+            for k, loc in zip(ks, locs):
+                if not loc:
+                    continue
+                _, _, cid, off, ln = arr[k]
+                fd, base, size, ver, ccrc = loc
+                count = size - off
+                if count > ln:
+                    count = ln
+                if count < REGION_BYTES_MIN or (off == 0 and ln >= size) or (size <= VERIFY_WHOLE_BYTES_MAX
+                                                                         and (tid, cid, ver, ccrc) not in seen):
+                    continue  # small (or past the end), a whole chunk, a first partial read of this version
+                if len(scratch) < count:
+                    scratch = self._scratch = memoryview(bytearray(count))
+                view = scratch[:count]
+                try:
+                    if preadv(fd, (view,), base + off, os.RWF_NOWAIT) != count:
+                        continue
+                except OSError:  # BlockingIOError: not in the page cache; EOPNOTSUPP: no RWF_NOWAIT
+                    continue
+                answers[k] = (pack(0, count, ver, ccrc, crc(view)), None, [(fd, base + off, count)], count)
+                served.append(k)
+            if engine.folds != folds:  # a fold may have written into a block being read: the ordinary path
+                for k in served:
+                    answers[k] = None
+                served = []
+        finally:
+            if served:
+                holds.append(_EpochHold(engine, epoch))
+            else:
+                engine.end_reads(epoch)
 
     def _zero_copy(self, arr, routing: Routing, ctx: CallContext):
         """(response, FileLease) sending one IO that covers a whole committed chunk of a v2 engine straight
