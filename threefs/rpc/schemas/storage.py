@@ -83,11 +83,13 @@ class PackedReadReq(msgspec.Struct):
     ios: bytes  # n IO records (READ_IO_FORMAT)
     allow_uncommitted: bool = False
     request_to_send: bool = False
-    # The client checks the crc32c of what arrives against data_crc (or verifies the bytes end to end
-    # itself), so the server may send a whole committed chunk straight from its data file (os.sendfile)
-    # without checking it against its write-time checksum first; data_crc is then that checksum. A client
-    # that finds such a chunk damaged on arrival tells the server (report_damage): it checks its copy and
-    # repairs it. Servers that predate this field ignore it (and check every whole chunk themselves).
+    # The client checks the crc32c of every IO that arrives against its data_crc, so the server may send
+    # bytes straight from its data files (os.sendfile): a whole committed chunk without checking it against
+    # its write-time checksum first (data_crc is then that checksum), and a part of a chunk version it has
+    # checked before with the crc32c of a read of it just before the send (a fold in between shows as a
+    # mismatch on arrival). A client that finds a whole chunk damaged on arrival tells the server
+    # (report_damage): it checks its copy and repairs it. Servers that predate this field ignore it (and
+    # check every whole chunk themselves).
     zero_copy: bool = False
 
 
