@@ -311,15 +311,17 @@ class FilePayload:
         # (the peer went away, an abort) or the engine closes its data file, their numbers may be reused by
         # the next open; the duplicates keep the thread's writes on this connection and reads from this file.
         out = socket.socket(fileno=os.dup(sock.fileno()))
-        dups = []
+        dups: dict[int, int] = {}  # one per file (a batch's regions mostly share a few data files)
         try:
             for k, part in enumerate(parts):
                 if type(part) is tuple:
-                    dups.append(os.dup(part[0]))
-                    parts[k] = (dups[-1], part[1], part[2])
+                    fd = dups.get(part[0])
+                    if fd is None:
+                        fd = dups[part[0]] = os.dup(part[0])
+                    parts[k] = (fd, part[1], part[2])
         except BaseException:
             out.close()
-            for fd in dups:
+            for fd in dups.values():
                 os.close(fd)
             raise
         protocol.pause_writing()  # other frames wait (FramedProtocol.send) until this one is out
@@ -351,7 +353,7 @@ class FilePayload:
             raise
         finally:
             out.close()
-            for fd in dups:
+            for fd in dups.values():
                 os.close(fd)
             protocol.resume_writing()
 
