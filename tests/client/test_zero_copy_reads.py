@@ -99,6 +99,20 @@ def test_damaged_chunk_is_caught_on_arrival_and_repaired(private_cluster, rng):
         assert storage.damaged_reads == damaged
 
 
+def _drop_from_page_cache(data_dir: Path, inode: int, indices) -> None:
+    """Chunks `indices` of file `inode` out of the page cache on every replica (written back first)."""
+    import os
+
+    for index in indices:
+        for path, base in chunk_replicas(data_dir, chunk_id(inode, index)):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, base, CS, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def test_big_ios_to_one_service_go_together():
     from threefs.cluster.storage_client import BIG_IOS_PER_REQUEST, BIG_REQUEST_BYTES_MAX, _big_requests
 
@@ -124,8 +138,6 @@ def test_several_whole_chunks_in_one_zero_copy_request(private_cluster, rng):
     """Whole chunks read together (one request per service carries several): cached ones sent from the data
     files, cold ones read with O_DIRECT, a hole, a short last chunk and a chunk damaged on disk, all in the
     same requests. The bytes are the caller's file's, the damaged chunk is caught on arrival and repaired."""
-    import os
-
     cluster = private_cluster()
     with Client.connect(str(cluster.client_config_path)) as fs:
         n = 18
@@ -137,14 +149,7 @@ def test_several_whole_chunks_in_one_zero_copy_request(private_cluster, rng):
             f.write(data[6 * CS:])
         inode = fs.stat("/many").inode
         data_dir = Path(cluster.dir, "data")
-        for index in (2, 3, 11):  # cold on every replica: read with O_DIRECT
-            for path, base in chunk_replicas(data_dir, chunk_id(inode, index)):
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                    os.posix_fadvise(fd, base, CS, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
+        _drop_from_page_cache(data_dir, inode, (2, 3, 11))  # cold on every replica: read with O_DIRECT
         damaged = chunk_replicas(data_dir, chunk_id(inode, 7))
         for where in damaged[:2]:
             flip_bit(where, 4242)
@@ -192,7 +197,6 @@ def test_parts_of_chunks_sent_from_the_data_files(cluster, fs, d, rng):
     holes, past the end, a short last chunk, IOs under 16 KiB) takes the ordinary path within the same requests. Through the
     caller-thread path (small batches) and the loop's (big ones), cold and warm: the bytes are the file's and
     no IO arrives damaged (a slot out of place would: it is checked on arrival, then read again)."""
-    import os
 
     n = 12
     data = bytearray(rng.randbytes(n * CS + 777))
@@ -224,20 +228,10 @@ def test_parts_of_chunks_sent_from_the_data_files(cluster, fs, d, rng):
             assert got == len(want) and buf[:got].tobytes() == want
         assert storage.damaged_reads == damaged, "an IO arrived damaged: a slot out of place"
 
-    def drop_chunks() -> None:  # cold on every replica
-        for i in range(n + 1):
-            for where, base in chunk_replicas(Path(cluster.dir, "data"), chunk_id(inode, i)):
-                fd = os.open(where, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                    os.posix_fadvise(fd, base, CS, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
-
     sync_before = fs._storage_sync.batches
     for rounds in range(3):
         if rounds == 1:
-            drop_chunks()
+            _drop_from_page_cache(Path(cluster.dir, "data"), inode, range(n + 1))  # cold on every replica
         check(batch(40))  # under 8 MiB, no IO from a chunk's start: the caller-thread path
         check(batch(300))  # over 16 MiB: the loop's path, several requests per service
     for _ in range(3):  # warm and checked whole now: parts from the data files
