@@ -120,10 +120,10 @@ class FileLease(Lease):
 class _EpochHold:
     """A chunk engine's read epoch held by a send (released with the send's other holds)."""
 
-    __slots__ = ("engine", "epoch", "view")
+    __slots__ = ("engine", "epoch")
 
     def __init__(self, engine, epoch: int):
-        self.engine, self.epoch, self.view = engine, epoch, None
+        self.engine, self.epoch = engine, epoch
 
     def release(self) -> None:
         engine, self.engine = self.engine, None
@@ -759,7 +759,7 @@ class StorageService:
         # against 0.64-0.66x safetensors in alternating runs). A cold chunk is read with O_DIRECT into a
         # pooled buffer instead (see _read_direct): the caller gets (engine, loc, epoch).
         try:
-            cached = known = page_cache_holds(fd, base, size)
+            cached = page_cache_holds(fd, base, size)
             if cached is None:  # no cachestat: probe both ends and the middle (they may start a readahead)
                 probe = self._probe
                 for at in (base, base + size // 2, base + size - 1):
@@ -776,13 +776,16 @@ class StorageService:
             engine.end_reads(epoch)
             return None
         results = _RESULT.pack(0, size, ver, crc, crc)
-        payload = FilePayload(fd, base, size, max(1.0, ctx.remaining()), cached=bool(known))
+        # cached None: found by probes, not known for every page (the send then goes to the thread)
+        payload = FilePayload(fd, base, size, max(1.0, ctx.remaining()), cached=bool(cached))
         return ss.PackedReadRsp(results, {}), FileLease(payload, lambda: engine.end_reads(epoch))
 
     async def _read_direct_many(self, cold: list, answers: list) -> None:
-        """_read_direct of several chunks (k, engine, loc, epoch) at once, each in a disk thread: answers[k]
-        becomes (response, Lease), or stays None (the ordinary path then reads it). Every epoch is ended
-        here, and on an error every buffer goes back."""
+        """Whole committed chunks (k, engine, loc, epoch) not in the page cache, read with O_DIRECT at once, each
+        in a disk thread into a page-aligned pooled buffer (engine.read_direct): answers[k] becomes (response,
+        Lease), or stays None (O_DIRECT unavailable, a short read: the ordinary path then reads it). Every
+        epoch is ended here, and on an error every buffer goes back (see _read_direct for why, and what the
+        result's data_crc is)."""
         leases: list = [None] * len(cold)
 
         async def one(i: int, engine, loc) -> int:
@@ -823,22 +826,9 @@ class StorageService:
 
         As with sendfile, the bytes are not checked here: the result's data_crc is the chunk's write-time
         checksum and the client checks what arrives against it (and reports a damaged copy: report_damage)."""
-        fd, base, size, ver, crc = loc
-        lease = None
-        try:
-            lease = self.direct_pool.acquire(align_up(size, DIRECT_ALIGN))
-            got = await self.disk(engine.read_direct, fd, base, lease.view)
-        except BaseException:
-            if lease is not None:
-                lease.release()
-            raise
-        finally:
-            engine.end_reads(epoch)
-        if got < size:  # -1: no O_DIRECT; short: the data file ends early (the ordinary path says so)
-            lease.release()
-            return None
-        lease.view = lease.view[:size]
-        return ss.PackedReadRsp(_RESULT.pack(0, size, ver, crc, crc), {}), lease
+        answers = [None]
+        await self._read_direct_many([(0, engine, loc, epoch)], answers)
+        return answers[0]
 
     @rpc(ss.ReportDamageReq)
     async def report_damage(self, ctx: CallContext, req: ss.ReportDamageReq) -> ss.ReportDamageRsp:
