@@ -112,33 +112,47 @@ def test_dead_service_ios_fail_over_on_the_loop_path(private_cluster, rng):
         try:
             cluster.kill("storage-2")
             _check_batches(fs, attr, data, rng, batches=6)
-            # single small reads (read_one), taking turns over the services too; then the same on the loop's
-            # path (_read_one_item). Apart: both draw turns from one counter, and a read that fails draws
-            # more for its retries, so interleaved they could keep missing the dead service
-            for read in (lambda off, buf: fs.batch_read([(attr, off, buf)])[0],
-                         lambda off, buf: fs.run(fs.aio.read_into(attr, off, buf))):
-                for _ in range(6):  # (a turn comes round every 3 reads; mgmtd stays frozen only seconds)
+            # single small reads (read_one), taking turns over the services too (a turn comes round every 3
+            # reads; mgmtd stays frozen only seconds)
+            def read_some(read) -> None:
+                for _ in range(6):
                     off = rng.randrange(len(data) - 4096)
                     buf = bytearray(4096)
                     assert read(off, buf) == 4096
                     assert bytes(buf) == data[off:off + 4096]
-            # a few small chunk reads at once (_read_few_items), of one chain (chunks 0, 3 and 6: the service
-            # the turn picks follows the turns, which come round every 3 calls, more after a failure)
-            few = _few_left(fs.aio.storage)
+
+            read_some(lambda off, buf: fs.batch_read([(attr, off, buf)])[0])
+            # the loop's path (_read_one_item) stays on one service while it is free: started at the dead one,
+            # the first read fails there (then read the general way) and the next ones start at the next service
+            storage = fs.aio.storage
+            routing = fs.run(fs.aio.mgmtd.get())
+            [dead] = [n.addr for n in routing.info.nodes.values() if n.node_id == 102]  # (storage-i: 100 + i)
+            storage._turn = storage._services(routing)[1][dead]
+            read_some(lambda off, buf: fs.run(fs.aio.read_into(attr, off, buf)))
+            # and a thread's sticky single reads (read_one) the same way
+            sync.sticky = True
+            sync._turns.turn = storage._services(routing)[1][dead]
+            before = len(taken)
+            read_some(lambda off, buf: fs.batch_read([(attr, off, buf)])[0])
+            assert taken[before] is None and None not in taken[before + 1:], taken[before:]
+            sync.sticky = False
+            # a few small chunk reads at once (_read_few_items), of one chain (chunks 0, 3 and 6), the same way
+            few = _few_left(storage)
+            storage._turn = storage._services(routing)[1][dead]
             for _ in range(6):
                 _check_few(fs, attr, data, rng, [(rng.choice([0, 3, 6]) * 64 * KiB + rng.randrange(60) * KiB, 4096)
                                                  for _ in range(4)])
         finally:
             for pid in mgmtds:
                 os.kill(pid, signal.SIGCONT)
-        # some went to the dead service and were read by the batch path, that service's target tried last;
-        # some were read by the scalar path (the dead service is one of three turns)
-        assert any(v is not None for part in few for v in part.values()) and {} in few
+        # the first went to the dead service and was read by the batch path, that service's target tried last;
+        # the rest by the scalar path, from the next service
+        assert any(v is not None for v in few[0].values()) and few[1:] == [{}] * 5, few
         # a 64-IO batch goes to one service, the next batch to the next: some went to the dead one
         assert sync.handed_over > handed
         # and some single reads went to the dead service (then read the general way), some not
         assert None in taken and any(taken)
-        assert False in items and True in items
+        assert items == [False] + [True] * 5, items
 
 
 def _chunk_items(fs, attr, ranges: list) -> list:
@@ -219,6 +233,28 @@ def test_a_threads_batches_stay_on_one_service(cluster, fs, d, rng):
         for _ in range(9):
             _read_every_chunk(c, attr, data, rng)
         assert len(_services_used(c)) == 3
+
+
+def test_a_threads_reads_of_a_few_chains_stay_on_one_service(cluster, fs, d, rng):
+    """The turn names a service, whichever chains a read touches: a thread's single small reads (read_one)
+    and its batches of a few random chunks (each chain lists its replicas in its own order, so a turn that
+    picked a position in that list landed on another service with each chain) all go to one service."""
+    attr, data = _every_chain_file(fs, d, rng)
+    with Client.connect(str(cluster.client_config_path)) as c:  # a client of its own: no pooled connections
+        taken = c._storage_sync.batches
+        with c.open(f"{d}/every/f", "rb") as f:
+            for _ in range(24):  # random jumps: each one read alone, from this thread
+                off, buf = rng.randrange(len(data) - KiB), bytearray(KiB)
+                f.seek(off)
+                assert f.readinto(buf) == KiB and bytes(buf) == data[off:off + KiB]
+        for _ in range(12):  # batches of 1-3 chunks (1-3 of the 4 chains)
+            chunks = rng.sample(range(16), rng.randint(1, 3))
+            items = [(attr, c_ * 64 * KiB + rng.randrange(60 * KiB), bytearray(KiB)) for c_ in chunks]
+            assert c.batch_read(items) == [KiB] * len(items)
+            for _, off, buf in items:
+                assert bytes(buf) == data[off:off + KiB]
+        assert c._storage_sync.batches > taken  # (the batches were read from this thread)
+        assert len(_services_used(c)) == 1
 
 
 def test_a_thread_moves_on_from_a_service_that_failed_its_batch(private_cluster, rng):

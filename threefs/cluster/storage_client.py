@@ -25,6 +25,7 @@ from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.rpc.client import RpcClient
 from threefs.rpc.frame import Scatter
 from threefs.rpc.schemas import storage as ss
+from threefs.rpc.schemas.mgmtd import STORAGE
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,10 @@ class StorageClient:
         self.damaged_reads = 0  # IOs whose bytes failed their checksum on arrival (then read elsewhere)
         self._replicas_cache: dict[int, list | ThreeFSError] = {}
         self._replicas_version = -1
+        # the storage services in one order per routing version (_services): a turn names a service
+        self._services_of: tuple[int, list[str], dict[str, int]] = (-1, [], {})
+        self._inflight: dict[str, int] = {}  # requests of ours in flight per service (_call)
+        self._turn = os.getpid()  # the turn of small reads on this path (_small_turn); processes spread out
         self._tasks: set[asyncio.Task] = set()  # damage reports in flight
         # let servers send whole chunks from their data files (see PackedReadReq); THREEFS_ZERO_COPY=0 turns
         # it off (to compare, e.g. benchmarks/checkpoint.py run both ways)
@@ -157,11 +162,34 @@ class StorageClient:
                 raise status_error(StatusCode.TIMEOUT, f"{addr}: no request slot free for {self.timeout:.0f} s "
                                    f"({self.inflight_per_node} in flight); the service is overloaded or "
                                    "stuck") from None
+        inflight = self._inflight
+        inflight[addr] = inflight.get(addr, 0) + 1
         try:
             return await self.rpc.call(addr, method, req, rsp_type,
                                        timeout=max(0.001, deadline - loop.time()), **kwargs)
         finally:
+            inflight[addr] -= 1
             sem.release()
+
+    def free_turn(self, routing: Routing, turn: int, busy) -> int:
+        """`turn`, or the first turn after it whose service (_services) is not `busy(addr)` (has a request of
+        ours in flight), or `turn` if all are. Small reads stay on one service while it is free: a reader at
+        queue depth 1 (a FUSE read at a time, a file object's jumps, a thread's batches) keeps that service
+        busy, and so awake and hot, where taking turns woke each service from its sleep for every third
+        request (on this kind of VM a wake-up costs ~20 us of CPU on each side, and a service's Python runs
+        slower on cold caches); readers at once spread over the services as they find them busy."""
+        addrs = self._services(routing)[0]
+        n = len(addrs)
+        for step in range(n):
+            if not busy(addrs[(turn + step) % n]):
+                return turn + step
+        return turn
+
+    def _small_turn(self, routing: Routing) -> int:
+        """The turn of a small read on this path (one item, or a gate's few): free_turn from the last one."""
+        inflight = self._inflight
+        turn = self._turn = self.free_turn(routing, self._turn, lambda addr: inflight.get(addr, 0) > 0)
+        return turn
 
     async def _retrying(self, what: str, attempt):
         """Run attempt(routing) until it succeeds, refreshing routing after retryable errors."""
@@ -305,7 +333,7 @@ class StorageClient:
         errors, big items)."""
         left: dict[int, int | None] = {}
         routing = await self.mgmtd.get()
-        turn = next(self._rr)
+        turn = self._small_turn(routing)
         groups: dict[str, list] = {}
         prefer = None  # the service the first item goes to: the others too where their chains have a replica
         for k, it in enumerate(items):
@@ -321,6 +349,9 @@ class StorageClient:
         elif groups:
             for part in await asyncio.gather(*(self._read_few_from(addr, g, items) for addr, g in groups.items())):
                 left.update(part)
+        for addr, group in groups.items():
+            if any(left.get(k) is not None for k, _, _ in group):
+                self._move_on(addr, routing)
         return left
 
     async def _read_few_from(self, addr: str, group: list, items: list[ReadItem]) -> dict[int, int | None]:
@@ -398,7 +429,15 @@ class StorageClient:
             for target, addr in found:
                 if addr == prefer:
                     return addr, target, _IO_RECORD.pack(chain_id, target, chunk_id, offset, n)
-        target, addr = found[turn % len(found)]
+        # the service the turn names (_services), else the next one that has a replica of the chain
+        rank = self._services(routing)[1]
+        best, target, addr = None, 0, ""
+        for t, a in found:
+            j = rank.get(a)
+            if j is None:
+                j = self._rank(routing, a)
+            if best is None or (j - turn) % len(rank) < best:
+                best, target, addr = (j - turn) % len(rank), t, a
         return addr, target, _IO_RECORD.pack(chain_id, target, chunk_id, offset, n)
 
     def one_read_answer(self, rsp: ss.PackedReadRsp, payload, view: memoryview) -> int | None:
@@ -426,7 +465,8 @@ class StorageClient:
         if it.avoid:  # a retry: the batch path, which tries those replicas last
             return False, None
         routing = await self.mgmtd.get()
-        planned = self.one_read_request(routing, it.chain_id, it.chunk_id, it.offset, it.length, next(self._rr))
+        planned = self.one_read_request(routing, it.chain_id, it.chunk_id, it.offset, it.length,
+                                        self._small_turn(routing))
         if planned is None:
             return False, None
         addr, target, record = planned
@@ -436,12 +476,21 @@ class StorageClient:
                                             ss.PackedReadReq(record, False, self.rpc.senders is not None),
                                             ss.PackedReadRsp, recv_into=view)
         except ThreeFSError:
+            self._move_on(addr, routing)
             return False, target
         got = self.one_read_answer(rsp, payload, view)
         if got is None:
+            self._move_on(addr, routing)
             return False, target
         it.result = got
         return True, None
+
+    def _move_on(self, addr: str, routing: Routing) -> None:
+        """A small read from `addr` did not come back clean: the next ones start at the next service (a
+        service that went away keeps failing until the routing says so)."""
+        addrs = self._services(routing)[0]
+        if addrs and addrs[self._turn % len(addrs)] == addr:
+            self._turn += 1
 
     async def read_batch(self, batch: "ReadBatch", *, allow_uncommitted: bool = False,
                          pending: np.ndarray | None = None) -> None:
@@ -482,8 +531,6 @@ class StorageClient:
             return self._plan_small(routing, batch, idx, turn)
         ios = batch.ios
         chains, inv = np.unique(ios["chain"][idx], return_inverse=True)
-        addrs: list[str] = []
-        addr_index: dict[str, int] = {}
         per_chain: list[list[tuple[int, int]]] = []  # (target, node index) of each chain's readable replicas
         dead = []
         for u, chain_id in enumerate(chains.tolist()):
@@ -492,14 +539,8 @@ class StorageClient:
                 dead.append((u, found))
                 per_chain.append([])
                 continue
-            replicas = []
-            for t, addr in found:
-                j = addr_index.get(addr)
-                if j is None:
-                    j = addr_index[addr] = len(addrs)
-                    addrs.append(addr)
-                replicas.append((t, j))
-            per_chain.append(replicas)
+            per_chain.append([(t, self._rank(routing, addr)) for t, addr in found])
+        addrs = self._services(routing)[0]  # node index j: addrs[j] (a turn names a service)
         n_nodes = len(addrs)
         # table[u, j] = the target of chain u on node j (0: none there)
         table = np.zeros((len(chains), max(1, n_nodes)), dtype=np.int64)
@@ -567,21 +608,14 @@ class StorageClient:
         ios = batch.ios
         ks = idx.tolist()
         chain_col, length_col = ios["chain"][idx].tolist(), ios["length"][idx].tolist()
-        addrs: list[str] = []
-        addr_index: dict[str, int] = {}
         on_of: dict[int, dict[int, int] | ThreeFSError] = {}  # chain -> {node index: target} or its error
-        for chain_id in sorted(set(chain_col)):  # nodes numbered as in the general plan (chains sorted)
+        for chain_id in set(chain_col):  # nodes numbered as in the general plan (_services)
             found = self._replicas(routing, chain_id)
             if isinstance(found, ThreeFSError):
                 on_of[chain_id] = found
                 continue
-            on = on_of[chain_id] = {}
-            for t, addr in found:
-                j = addr_index.get(addr)
-                if j is None:
-                    j = addr_index[addr] = len(addrs)
-                    addrs.append(addr)
-                on[j] = t
+            on_of[chain_id] = {self._rank(routing, addr): t for t, addr in found}
+        addrs = self._services(routing)[0]
         n_nodes = len(addrs)
         rr = next(self._rr) if turn is None else turn
         small_at: dict[int, list[int]] = {}  # node -> positions of its small IOs
@@ -649,6 +683,28 @@ class StorageClient:
                 found = e
             self._replicas_cache[chain_id] = found
         return found
+
+    def _services(self, routing: Routing) -> tuple[list[str], dict[str, int]]:
+        """Every storage service's address in node id order, and each one's place in it, per routing version:
+        the numbering in which a turn (`turn % len`) names a service. (Numbered by where they first appear in
+        a batch's chains, as they were, a thread's sticky turn named a different service whenever its batch's
+        first chain listed its replicas in another order: every chain does, CRAQ orders each one's own.) A
+        service only a chain names (a routing without it among the nodes) is numbered after them."""
+        version, addrs, rank = self._services_of
+        if version != routing.version:
+            addrs = [n.addr for n in routing.nodes_of_type(STORAGE, alive_only=False)]
+            rank = {a: j for j, a in enumerate(addrs)}
+            self._services_of = (routing.version, addrs, rank)
+        return addrs, rank
+
+    def _rank(self, routing: Routing, addr: str) -> int:
+        """The place of `addr` in _services' numbering (a service not listed there is appended)."""
+        addrs, rank = self._services(routing)
+        j = rank.get(addr)
+        if j is None:
+            j = rank[addr] = len(addrs)
+            addrs.append(addr)
+        return j
 
     async def _read_packed(self, addr: str, batch: "ReadBatch", idx: np.ndarray, allow_uncommitted: bool) -> None:
         ios = batch.ios[idx]

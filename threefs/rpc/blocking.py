@@ -272,6 +272,10 @@ class BlockingPool:
     def usable(self) -> bool:
         return not self.closed and _pid[0] == self.pid
 
+    def in_use(self, addr: str) -> int:
+        """Connections to addr taken and not given back (a moment's snapshot, without the lock)."""
+        return self._count.get(addr, 0) - len(self._idle.get(addr, ()))
+
     def take(self, addr: str, fresh: bool = False):
         """An idle live connection to addr, a new one, a Broken (cannot connect), or None (all busy)."""
         with self._lock:
