@@ -199,6 +199,28 @@ def test_spinner_gap_average_decides():
     assert far is None and close is not None
 
 
+def test_spinner_polls_for_twice_the_average_gap_at_most_the_window(monkeypatch):
+    """A steady stream of requests g apart is polled for 2 g after each (at least SPIN_MIN_S, at most the
+    window): ones further apart than the old 200 us window (a create every 400 us) long enough to catch
+    the next; none beyond the window's average gap."""
+    clock = [100.0]
+    monkeypatch.setattr(spin.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(spin, "cpu_calm", lambda: True)
+
+    async def stream(gap_s: float) -> tuple[bool, float]:
+        s = Spinner(1e-3)
+        for _ in range(40):
+            clock[0] += gap_s
+            s.arrived()
+        return s.loop is not None, s.until_s - clock[0]
+
+    for gap_s, polled_s in ((40e-6, spin.SPIN_MIN_S), (150e-6, 300e-6), (400e-6, 800e-6), (700e-6, 1e-3)):
+        spinning, ahead = asyncio.run(stream(gap_s))
+        assert spinning and ahead == pytest.approx(polled_s, rel=0.01), gap_s
+    spinning, _ = asyncio.run(stream(3e-3))  # further apart than the window: sleeps
+    assert not spinning
+
+
 def test_bad_spin_setting_is_a_clear_error():
     env = dict(os.environ, THREEFS_RPC_SPIN_US="fast", PYTHONPATH=ROOT)
     r = subprocess.run([sys.executable, "-c", "import threefs.rpc.blocking"], env=env, capture_output=True,

@@ -33,7 +33,7 @@ SYNC_AT_EXIT_TIMEOUT_S = 30.0
 FUSERMOUNT = "fusermount3"
 WORKERS_KEPT = 32  # pyfuse3 worker tasks kept waiting for kernel requests (its default: 1)
 WORKERS_MAX = 99  # pyfuse3's default cap
-KERNEL_SPIN_S = 200e-6  # the daemon polls this long after a kernel request while they come this close (spin.py)
+KERNEL_SPIN_S = 1000e-6  # the daemon polls after a kernel request while they come this close (spin.py Spinner)
 
 
 def fuse_unavailable_reason() -> str | None:

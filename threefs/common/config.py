@@ -66,9 +66,10 @@ class ServiceConfig(msgspec.Struct, kw_only=True):
     # Also listen on a Unix socket (Linux abstract namespace, named for the TCP address): clients in the
     # same network namespace connect through it instead of loopback TCP (common/local_socket.py; docs/operations.md).
     local_socket: bool = True
-    # After a request, poll for the next one up to this long instead of sleeping, while requests come that
-    # close together and no more tasks run than CPUs (0 = always sleep; common/spin.py, docs/architecture.md)
-    rpc_spin_us: float = 200.0
+    # After a request, poll for the next one instead of sleeping (for twice the average time between
+    # requests), while they come closer together than this on average and no more tasks run than CPUs
+    # (0 = always sleep; common/spin.py Spinner, docs/architecture.md)
+    rpc_spin_us: float = 1000.0
     log_level: str = "INFO"
 
     @property
