@@ -80,7 +80,7 @@ class SyncStorageReads:
         """This thread's turn: the service its last read went to, while no other thread of this client reads
         from it (StorageClient.free_turn), else the next free one. A thread reads one batch at a time, and a
         service that served its last one serves the next for less CPU than a sleeping, cold one (measured,
-        single 4 KiB reads from a file object: 5.8k -> 12.5k a second, storage CPU ~100 -> ~65 us per read).
+        single 4 KiB reads from a file object: 7.0-7.1k -> 10.1-10.6k a second; docs/client.md).
         A thread's first turn is the next of the round robin, offset per process (_spread: forked DataLoader
         workers, whose clients all start their round robin at 0, start on consecutive services)."""
         storage = self._aio.storage

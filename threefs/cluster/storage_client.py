@@ -685,14 +685,15 @@ class StorageClient:
         return found
 
     def _services(self, routing: Routing) -> tuple[list[str], dict[str, int]]:
-        """Every storage service's address in node id order, and each one's place in it, per routing version:
-        the numbering in which a turn (`turn % len`) names a service. (Numbered by where they first appear in
-        a batch's chains, as they were, a thread's sticky turn named a different service whenever its batch's
-        first chain listed its replicas in another order: every chain does, CRAQ orders each one's own.) A
-        service only a chain names (a routing without it among the nodes) is numbered after them."""
+        """Every live storage service's address in node id order, and each one's place in it, per routing
+        version: the numbering in which a turn (`turn % len`) names a service. (Numbered by where they first
+        appear in a batch's chains, as they were, a thread's sticky turn named a different service whenever its
+        batch's first chain listed its replicas in another order: every chain does, CRAQ orders each one's
+        own.) Dead nodes are left out, so a turn that would name one does not fall on its neighbour; a service
+        only a chain names (a node the routing does not list as alive) is numbered after them."""
         version, addrs, rank = self._services_of
         if version != routing.version:
-            addrs = [n.addr for n in routing.nodes_of_type(STORAGE, alive_only=False)]
+            addrs = [n.addr for n in routing.nodes_of_type(STORAGE)]
             rank = {a: j for j, a in enumerate(addrs)}
             self._services_of = (routing.version, addrs, rank)
         return addrs, rank
