@@ -204,11 +204,11 @@ def test_spinner_polls_for_twice_the_average_gap_at_most_the_window(monkeypatch)
     window): ones further apart than the old 200 us window (a create every 400 us) long enough to catch
     the next; none beyond the window's average gap."""
     clock = [100.0]
-    monkeypatch.setattr(spin.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(spin, "cpu_calm", lambda: True)
 
     async def stream(gap_s: float) -> tuple[bool, float]:
         s = Spinner(1e-3)
+        s.clock = lambda: clock[0]
         for _ in range(40):
             clock[0] += gap_s
             s.arrived()
