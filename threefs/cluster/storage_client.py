@@ -430,14 +430,9 @@ class StorageClient:
                 if addr == prefer:
                     return addr, target, _IO_RECORD.pack(chain_id, target, chunk_id, offset, n)
         # the service the turn names (_services), else the next one that has a replica of the chain
-        rank = self._services(routing)[1]
-        best, target, addr = None, 0, ""
-        for t, a in found:
-            j = rank.get(a)
-            if j is None:
-                j = self._rank(routing, a)
-            if best is None or (j - turn) % len(rank) < best:
-                best, target, addr = (j - turn) % len(rank), t, a
+        ranks = [self._rank(routing, a) for _, a in found]  # (numbers any service not listed yet first)
+        n_nodes = len(self._services(routing)[0])
+        _, (target, addr) = min(((j - turn) % n_nodes, ta) for j, ta in zip(ranks, found))
         return addr, target, _IO_RECORD.pack(chain_id, target, chunk_id, offset, n)
 
     def one_read_answer(self, rsp: ss.PackedReadRsp, payload, view: memoryview) -> int | None:
