@@ -1,8 +1,8 @@
 """Read-around (client/fuse_store.py): a small buffered read that misses the page cache brings the aligned
-64 KiB window around it into the kernel's page cache, so that re-reads never reach the daemon, while
-every byte read stays the file's current byte: at the file's end, with a writer open on the same mount,
-after another client's overwrite, after a truncate, and under concurrent random readers whose windows
-overlap pages locked by each other's requests.
+64 KiB window around it into the kernel's page cache (a second miss in the same 1 MiB region: the whole
+region), so that re-reads never reach the daemon, while every byte read stays the file's current byte: at
+the file's end, with a writer open on the same mount, after another client's overwrite, after a truncate,
+and under concurrent random readers whose windows overlap pages locked by each other's requests.
 
 Which pages are cached is read with mincore(2) (test_fuse_cache.cached_pages) after an open for writing,
 which waits for the stores already handed to the daemon's store thread (a read-only open of an unchanged
@@ -21,6 +21,7 @@ from test_fuse_cache import cached_pages as cached_now
 KiB, MiB = 1 << 10, 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
 WINDOW = 64 * KiB  # MountOptions.read_around_bytes
+REGION = MiB  # MountOptions.read_around_region_bytes
 
 
 def cached_pages(path: str) -> int:
@@ -40,18 +41,55 @@ def pread(path: str, offset: int, n: int) -> bytes:
 
 def test_a_small_random_read_caches_its_window_and_nothing_else(mdir, fs, rng):
     path, tpath = mdir
-    data = rng.randbytes(MiB)
+    data = rng.randbytes(2 * MiB)
     fs.write_bytes(f"{tpath}/f", data)
     assert pread(f"{path}/f", 300 * KiB, 4096) == data[300 * KiB:304 * KiB]
     assert cached_pages(f"{path}/f") == WINDOW // PAGE  # [256 KiB, 320 KiB)
     fd = os.open(f"{path}/f", os.O_RDONLY)
-    try:  # the stored pages hold the file's bytes, and a second window joins the first
+    try:  # the stored pages hold the file's bytes, and a window of the next region joins the first
         assert os.pread(fd, WINDOW, 256 * KiB) == data[256 * KiB:256 * KiB + WINDOW]
-        assert os.pread(fd, 100, 700 * KiB + 50) == data[700 * KiB + 50:700 * KiB + 150]
+        at = MiB + 700 * KiB + 50
+        assert os.pread(fd, 100, at) == data[at:at + 100]
         assert cached_pages(f"{path}/f") == 2 * WINDOW // PAGE
-        assert os.pread(fd, MiB, 0) == data
+        assert os.pread(fd, 2 * MiB, 0) == data
     finally:
         os.close(fd)
+
+
+def test_a_second_miss_in_a_region_caches_the_whole_region(mdir, fs, rng):
+    """A file read densely at random is cached a region per miss, not a window per miss; one read at
+    random in each region (never a second) keeps to windows (the first test)."""
+    path, tpath = mdir
+    data = rng.randbytes(2 * MiB + 300 * KiB)  # the last region holds 300 KiB
+    fs.write_bytes(f"{tpath}/f", data)
+    fd = os.open(f"{path}/f", os.O_RDONLY)
+    try:
+        assert os.pread(fd, 4096, 300 * KiB) == data[300 * KiB:304 * KiB]
+        assert os.pread(fd, 4096, 2 * MiB + 8192) == data[2 * MiB + 8192:2 * MiB + 12288]
+        assert cached_pages(f"{path}/f") == 2 * WINDOW // PAGE
+        assert os.pread(fd, 100, 700 * KiB + 50) == data[700 * KiB + 50:700 * KiB + 150]  # region 0 again
+        assert cached_pages(f"{path}/f") == REGION // PAGE + WINDOW // PAGE
+        assert os.pread(fd, 4096, 2 * MiB + 200 * KiB) == data[2 * MiB + 200 * KiB:2 * MiB + 204 * KiB]
+        # the last region up to the file's end, and no further (the kernel's size stays the file's)
+        assert cached_pages(f"{path}/f") == REGION // PAGE + 300 * KiB // PAGE
+        assert os.fstat(fd).st_size == len(data)
+        assert os.pread(fd, len(data), 0) == data
+    finally:
+        os.close(fd)
+
+
+def test_regions_off_keeps_to_windows(extra_mount, fs, rng):
+    mnt = extra_mount(["--read-around-region-kb", "0"])
+    fs.mkdir("/read-around-windows")
+    data = rng.randbytes(MiB)
+    fs.write_bytes("/read-around-windows/f", data)
+    fd = os.open(f"{mnt}/read-around-windows/f", os.O_RDONLY)
+    try:
+        for off in (4096, 200 * KiB, 520 * KiB):
+            assert os.pread(fd, 4096, off) == data[off:off + 4096]
+    finally:
+        os.close(fd)
+    assert cached_pages(f"{mnt}/read-around-windows/f") == 3 * WINDOW // PAGE
 
 
 def test_the_window_at_the_end_of_a_file_stops_at_its_length(mdir, fs, rng):
@@ -70,9 +108,9 @@ def test_the_window_at_the_end_of_a_file_stops_at_its_length(mdir, fs, rng):
 
 def test_another_clients_overwrite_is_seen_by_the_next_open_not_the_stored_pages(mdir, fs, rng):
     path, tpath = mdir
-    one, two = rng.randbytes(MiB), rng.randbytes(MiB)
+    one, two = rng.randbytes(4 * MiB), rng.randbytes(4 * MiB)
     fs.write_bytes(f"{tpath}/f", one)
-    for off in (0, 200 * KiB, 520 * KiB, 900 * KiB):
+    for off in (0, MiB + 200 * KiB, 2 * MiB + 520 * KiB, 3 * MiB + 900 * KiB):  # a window in each region
         assert pread(f"{path}/f", off + 4096, 4096) == one[off + 4096:off + 8192]
     assert cached_pages(f"{path}/f") == 4 * WINDOW // PAGE
     with fs.open(f"{tpath}/f", "r+b") as f:  # in place: same inode, same length

@@ -22,6 +22,7 @@ def mount_options(args):
                         fast_dispatch=not args.pyfuse3_dispatch, dir_cache=not args.no_dir_cache,
                         gate_batch=args.gate_batch, changed_dir_s=args.changed_dir_s,
                         read_around_bytes=args.read_around_kb << 10,
+                        read_around_region_bytes=args.read_around_region_kb << 10,
                         read_around_file_max=None if args.read_around_max_mb < 0 else args.read_around_max_mb << 20)
 
 
@@ -42,7 +43,8 @@ def mount_args(args) -> list[str]:
            "--prefetch-mb", str(args.prefetch_mb), "--max-background", str(args.max_background),
            "--segment-mb", str(args.segment_mb), "--gate-batch", str(args.gate_batch),
            "--changed-dir-s", str(args.changed_dir_s), "--read-around-kb", str(args.read_around_kb),
-           "--read-around-max-mb", str(args.read_around_max_mb)]
+           "--read-around-max-mb", str(args.read_around_max_mb),
+           "--read-around-region-kb", str(args.read_around_region_kb)]
     out += ["--direct-io"] * args.direct_io + ["--no-writeback"] * args.no_writeback
     out += ["--writeback"] * args.writeback + ["--no-keep-cache"] * args.no_keep_cache
     out += ["--pyfuse3-dispatch"] * args.pyfuse3_dispatch + ["--no-dir-cache"] * args.no_dir_cache
@@ -95,6 +97,10 @@ def add_mount_flags(p) -> None:
                         "many KiB around it, and the kernel's page cache keeps the window (default 64; files "
                         "longer than a quarter of the memory get none; 0 = off: for workloads that never "
                         "re-read, which pay ~80-130 us of daemon CPU more per miss)")
+    p.add_argument("--read-around-region-kb", type=int, default=1024,
+                   help="a second read-around miss within one aligned region of this many KiB of a file reads "
+                        "the whole region into the page cache (default 1024: a file read densely at random "
+                        "is cached a region per miss; 0 = windows only)")
     p.add_argument("--read-around-max-mb", type=int, default=-1,
                    help="read-around only for files of at most this many MiB (default -1: a quarter of "
                         "the machine's memory)")

@@ -99,6 +99,10 @@ class MountOptions:
     # a small buffered read that misses the page cache reads this aligned window around it and the
     # kernel's page cache gets the rest (fuse_store); 0: off
     read_around_bytes: int = 64 * limits.KiB
+    # ... and a second such miss within one aligned region of this size reads the whole region: a file
+    # read densely at random fills the page cache in regions, one read at random once in a while keeps
+    # to small windows (fuse_store); at most the windows' size: never
+    read_around_region_bytes: int = limits.MiB
     # ... of files no longer than this (None: a quarter of the machine's memory): the pages of a larger
     # file read at random are mostly evicted before they are read again
     read_around_file_max: int | None = None
@@ -193,6 +197,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         self._listed: dict[int, tuple] = {}  # fuse ino of a directory -> (mtime, ctime) at its last opendir
         self._store = PageStore()  # read-around: pages for the kernel's page cache (fuse_store)
         self._epoch = collections.Counter()  # fuse ino -> moves whenever stored pages could be stale
+        self._around_missed: dict[int, set[int]] = {}  # fuse ino -> regions that had a read-around miss
         self._writers = collections.Counter()  # fuse ino -> its handles open for writing
         self._around_file_max = options.read_around_file_max
         if self._around_file_max is None:
@@ -319,6 +324,7 @@ class ThreeFSOperations(pyfuse3.Operations):
                 self._reported.pop(ino, None)
                 self._listed.pop(ino, None)
                 self._epoch.pop(ino, None)
+                self._around_missed.pop(ino, None)
                 self._no_caps.pop(ino, None)
                 self.new_dirs.forget(ino)
 
@@ -731,6 +737,7 @@ class ThreeFSOperations(pyfuse3.Operations):
                 around = self.options.read_around_bytes
                 if (around > n and not h.direct and not self.options.direct_io and off % PAGE_BYTES == 0
                         and length <= self._around_file_max and not self._writers[h.ino]):
+                    around = self._around_window(h.ino, off, around)
                     return await self._read_around(h.ino, _with_length(h.attr, length), off, n, around)
                 return await self._read_alone(_with_length(h.attr, length), off, n)
             return await h.reader.read(_with_length(h.attr, length), off, n,
@@ -742,6 +749,23 @@ class ThreeFSOperations(pyfuse3.Operations):
         lease, got = await read_leased(self._pool, self._reader, attr, off, n)
         asyncio.get_running_loop().call_soon(lease.release)
         return lease.view[:got]
+
+    def _around_window(self, ino: int, off: int, around: int) -> int:
+        """The window of a read-around miss at `off`: `around`, or the whole aligned region
+        (read_around_region_bytes) when an earlier miss of this inode fell in the same region (the file is
+        read densely at random: its region is read once instead of window by window)."""
+        region = self.options.read_around_region_bytes
+        if region <= around:
+            return around
+        missed = self._around_missed.get(ino)
+        if missed is None:
+            missed = self._around_missed[ino] = set()
+        index = off // region
+        if index in missed:
+            self.stats["reads_around_region"] += 1
+            return region
+        missed.add(index)
+        return around
 
     async def _read_around(self, ino: int, attr: m.InodeAttr, off: int, n: int, around: int) -> memoryview:
         """A buffered small read that missed the page cache: read the aligned window around it in the

@@ -3,7 +3,8 @@ the kernel's page cache (FUSE_NOTIFY_STORE), so that later reads of them never r
 
 A small random read of a file opened without O_DIRECT that misses the page cache reaches the daemon as
 one request of the pages asked for (the kernel reads random misses "as is": no read-ahead). The daemon
-then reads the aligned window around it (`MountOptions.read_around_bytes`, 64 KiB by default) in the same
+then reads the aligned window around it (`MountOptions.read_around_bytes`, 64 KiB by default; the whole
+aligned `read_around_region_bytes`, 1 MiB, at a second miss in the same region of the file) in the same
 one storage request, answers the request from it and, once the reply is in, hands the window to the
 kernel's page cache. Re-reads of a file that fits in memory (a dataset read at random for epochs, a
 table's index blocks) then become page cache hits in the reader's own process. Files longer than a
