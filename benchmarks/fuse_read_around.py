@@ -3,12 +3,18 @@ when a file is read again and what it costs when nothing is.
 
     .venv/bin/python benchmarks/fuse_read_around.py [--mib 256] [--seconds 4] [--rounds 2]
 
-One cluster (3 storage services, R=3), mounted twice: `--read-around-kb 0` (the reference: every buffered
-miss reads just its pages) and the default (64 KiB windows). Rounds interleave the two. Before each
+One cluster (3 storage services, R=3), mounted three times: `--read-around-kb 0` (the reference: every
+buffered miss reads just its pages), `--read-around-region-kb 0` (64 KiB windows only) and the default
+(64 KiB windows, a whole 1 MiB region at a second miss in it). Rounds interleave the three. Before each
 workload the file's pages are dropped (posix_fadvise DONTNEED, as fio's invalidate=1).
 
+- one per region: one 4 KiB read in each 1 MiB of the file, in shuffled order: every read is the first
+  of its window and of its region, nothing is read again, so read-around can only cost here (reads/s,
+  and the daemon's CPU per read). The daemon remembers the regions that missed until the kernel forgets
+  the inode, so from the second round on the default mount reads whole regions here (the file was read
+  densely in the first round): the first round's figure is the sparse reader's;
 - misses only: one 4 KiB read in each 128 KiB of the file, in shuffled order, so that every read is the
-  first of its window: read-around can only cost here (reads/s, and the daemon's CPU per read);
+  first of its window (eight per region);
 - re-reads: 4 threads of random 4 KiB preads over the whole file for --seconds (fio psync x4 as in
   benchmarks/mount_battery.py): IO/s, and the daemon's CPU per read that reached it.
 """
@@ -36,9 +42,9 @@ SPACING = 128 * KiB
 THREADS = 4
 
 
-def misses_only(path: str, size: int, seed: int) -> tuple[float, int]:
+def misses_only(path: str, size: int, seed: int, spacing: int = SPACING) -> tuple[float, int]:
     rng = random.Random(seed)
-    offsets = [w * SPACING + rng.randrange(SPACING // 4096) * 4096 for w in range(size // SPACING)]
+    offsets = [w * spacing + rng.randrange(spacing // 4096) * 4096 for w in range(size // spacing)]
     rng.shuffle(offsets)
     drop(path)
     fd = os.open(path, os.O_RDONLY)
@@ -87,7 +93,8 @@ def main() -> None:
     args = ap.parse_args()
     size = args.mib * MiB
     print("load average before:", open("/proc/loadavg").read().strip())
-    variants = [("off", ["--read-around-kb", "0"]), ("on", [])]
+    variants = [("off", ["--read-around-kb", "0"]), ("windows", ["--read-around-region-kb", "0"]), ("on", [])]
+    workloads = ("one per region", "misses only", "re-reads")
     rows: dict[tuple[str, str], list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="threefs-read-around-", dir=os.environ.get("TMPDIR")) as tmp:
         cluster = LocalCluster(os.path.join(tmp, "cluster"))
@@ -105,13 +112,14 @@ def main() -> None:
             for r in range(args.rounds):
                 for label, mnt, proc in mounts:
                     path = os.path.join(mnt, "data.bin")
-                    for name, run in (("misses only", lambda: misses_only(path, size, r)),
+                    for name, run in (("one per region", lambda: misses_only(path, size, r, MiB)),
+                                      ("misses only", lambda: misses_only(path, size, r)),
                                       ("re-reads", lambda: re_reads(path, size, args.seconds, r))):
                         c0 = cpu_s(proc.pid)
                         dt, n = run()
                         daemon_us = (cpu_s(proc.pid) - c0) / n * 1e6
                         rows.setdefault((name, label), []).append((n / dt, daemon_us))
-                        print(f"round {r + 1} {label:3s} {name:12s}: {n / dt:10,.0f} reads/s, daemon "
+                        print(f"round {r + 1} {label:7s} {name:14s}: {n / dt:10,.0f} reads/s, daemon "
                               f"{daemon_us:6.1f} us CPU per read", flush=True)
         finally:
             for _, mnt, proc in mounts:
@@ -119,14 +127,18 @@ def main() -> None:
             cluster.down()
     print(f"\n{args.mib} MiB file, median of {args.rounds} rounds; load average after:",
           open("/proc/loadavg").read().strip())
-    print(f"{'workload':14s} {'off reads/s':>12s} {'on reads/s':>12s} {'on/off':>7s} {'daemon us/read off':>19s} "
-          f"{'on':>7s}")
-    for name in ("misses only", "re-reads"):
-        off = rows[(name, "off")]
-        on = rows[(name, "on")]
-        r_off, r_on = statistics.median(x[0] for x in off), statistics.median(x[0] for x in on)
-        c_off, c_on = statistics.median(x[1] for x in off), statistics.median(x[1] for x in on)
-        print(f"{name:14s} {r_off:12,.0f} {r_on:12,.0f} {r_on / r_off:6.2f}x {c_off:19.1f} {c_on:7.1f}")
+    labels = [label for label, _ in variants]
+    print(f"{'workload':15s}" + "".join(f" {label + ' reads/s':>16s}" for label in labels)
+          + "".join(f" {label + ' / off':>14s}" for label in labels[1:])
+          + "".join(f" {'daemon us ' + label:>18s}" for label in labels))
+    for name in workloads:
+        rate = {label: statistics.median(x[0] for x in rows[(name, label)]) for label in labels}
+        cpu = {label: statistics.median(x[1] for x in rows[(name, label)]) for label in labels}
+        print(f"{name:15s}" + "".join(f" {rate[label]:16,.0f}" for label in labels)
+              + "".join(f" {rate[label] / rate['off']:13.2f}x" for label in labels[1:])
+              + "".join(f" {cpu[label]:18.1f}" for label in labels))
+    print("(one per region: the rounds after the first read whole regions on the default mount; see the "
+          "module docstring)")
 
 
 if __name__ == "__main__":
