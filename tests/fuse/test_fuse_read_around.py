@@ -15,6 +15,7 @@ import mmap
 import os
 import random
 import threading
+import time
 
 from test_fuse_cache import cached_pages as cached_now
 
@@ -231,3 +232,36 @@ def test_another_clients_truncate_is_seen_by_the_next_open_after_stores_at_the_e
     with open(f"{path}/f", "rb") as f:
         assert os.fstat(f.fileno()).st_size == 300 * KiB
         assert f.read() == data[:300 * KiB]
+
+
+def test_the_page_store_holds_a_bounded_number_of_bytes(monkeypatch):
+    """The stores waiting for the store thread are bounded by the bytes they hold as by their count (a
+    region store holds 1 MiB): with the thread held up inside the kernel call, submissions fill the queue
+    up to QUEUED_BYTES_MAX, and once it goes on every byte and buffer is accounted for again. (The kernel
+    call is held by a stand-in here: the queue's accounting is what is tested; the mount tests above store
+    into the kernel for real.)"""
+    from threefs.client import fuse_store
+
+    go_on = threading.Event()
+    monkeypatch.setattr(fuse_store.pyfuse3, "notify_store", lambda ino, offset, data: go_on.wait(30))
+    store = fuse_store.PageStore()
+    released = []
+
+    class Lease:  # a buffer the loop gives back once its store is done
+        def release(self) -> None:
+            released.append(self)
+
+    region = memoryview(bytes(MiB))
+    n = 0
+    while not store.full():
+        store.submit(1, [(n * MiB, region)], Lease())
+        n += 1
+        assert n <= fuse_store.QUEUED_BYTES_MAX // MiB
+    assert n == fuse_store.QUEUED_BYTES_MAX // MiB < fuse_store.QUEUED_MAX  # by bytes, not by count
+    go_on.set()
+    deadline = time.monotonic() + 30
+    while store.queued and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (store.queued, store.queued_bytes, store.full()) == (0, 0, False)
+    store.reclaim()
+    assert len(released) == n

@@ -50,6 +50,7 @@ import pyfuse3
 log = logging.getLogger(__name__)
 
 QUEUED_MAX = 256  # stores waiting for the thread at most (their buffers are held); more are not stored
+QUEUED_BYTES_MAX = 64 << 20  # ... and the bytes they hold at most (a region store is 1 MiB)
 
 
 class PageStore:
@@ -64,6 +65,7 @@ class PageStore:
         # thread-safe)
         self._thread: threading.Thread | None = None
         self.queued = 0  # stores handed over and not done (read without the lock: a hint)
+        self.queued_bytes = 0  # the bytes they hold (likewise)
         self.stats = collections.Counter()  # read by the loop thread: approximate, logged at unmount
 
     def submit(self, ino: int, pieces: list[tuple[int, memoryview]], lease, moved=None) -> None:
@@ -73,16 +75,18 @@ class PageStore:
         kernel's attributes of the inode are invalidated, because a store that reaches past the kernel's
         size extends it (and makes the kernel ignore replies to requests sent before it), and the size
         may have just been lowered (a truncate another client made, learnt by a getattr)."""
+        nbytes = sum(len(data) for _, data in pieces)
         with self._lock:
             self._pending[ino] += 1
             self.queued += 1
+            self.queued_bytes += nbytes
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="fuse-page-store", daemon=True)
             self._thread.start()
-        self._queue.put((ino, pieces, lease, moved))
+        self._queue.put((ino, pieces, lease, moved, nbytes))
 
     def full(self) -> bool:
-        return self.queued >= QUEUED_MAX
+        return self.queued >= QUEUED_MAX or self.queued_bytes >= QUEUED_BYTES_MAX
 
     def busy(self, ino: int) -> bool:
         with self._lock:
@@ -109,7 +113,7 @@ class PageStore:
 
     def _run(self) -> None:
         while True:
-            ino, pieces, lease, moved = self._queue.get()
+            ino, pieces, lease, moved, nbytes = self._queue.get()
             stored = 0
             for offset, data in pieces:
                 try:
@@ -136,6 +140,7 @@ class PageStore:
             with self._lock:
                 self._finished.append(lease)
                 self.queued -= 1
+                self.queued_bytes -= nbytes
                 self._pending[ino] -= 1
                 if self._pending[ino] <= 0:
                     del self._pending[ino]
