@@ -18,7 +18,7 @@ from threefs.rpc.schemas import meta as m
 def daemon() -> ThreeFSOperations:
     ops = ThreeFSOperations.__new__(ThreeFSOperations)  # the attribute logic alone: no mount, no cluster
     ops.options = MountOptions()
-    ops._meta_length, ops._handles, ops._reported = {}, {}, {}
+    ops._meta_length, ops._handles, ops._ino_handles, ops._reported = {}, {}, {}, {}
     ops._epoch = collections.Counter()
     return ops
 

@@ -177,6 +177,8 @@ class ThreeFSOperations(pyfuse3.Operations):
         self.changed = ChangedDirs(options.changed_dir_s)  # directories' attributes from its own changes
         self.new_dirs = NewDirs(options.negative_timeout_s)  # directories it made: untouched names are absent
         self._handles: dict[int, Handle] = {}
+        # fuse ino -> its open handles (the per-read checks look at one file's handles, not every open one)
+        self._ino_handles: dict[int, list[Handle]] = {}
         self._dirs: dict[int, DirHandle] = {}
         self._fh = itertools.count(1)
         # per inode: (truncate version, length) meta reported last, see _note_length
@@ -223,10 +225,14 @@ class ThreeFSOperations(pyfuse3.Operations):
     def _length(self, ino: int, length: int) -> int:
         """meta's length raised by this daemon's writes that meta does not know yet."""
         length = max(length, self._meta_length.get(ino, (0, -1))[1])
-        for h in self._handles.values():
-            if h.ino == ino:
-                length = max(length, h.written_end)
+        for h in self._ino_handles.get(ino, ()):
+            if h.written_end > length:
+                length = h.written_end
         return length
+
+    def _handles_of(self, ino: int) -> list[Handle]:
+        """The open handles of `ino` now (a copy: safe to await while going through it)."""
+        return list(self._ino_handles.get(ino, ()))
 
     def _note_length(self, ino: int, truncate_ver: int, length: int) -> None:
         """meta's length of a file as this daemon last learnt it. Within one truncate version a file only
@@ -343,13 +349,13 @@ class ThreeFSOperations(pyfuse3.Operations):
         return self.entry(attr)
 
     def _unpublished(self, ino: int) -> bool:
-        return any(h.ino == ino and h.written_end > h.published_end for h in self._handles.values())
+        return any(h.written_end > h.published_end for h in self._ino_handles.get(ino, ()))
 
     async def _writes_landed(self, ino: int) -> tuple[Handle, int] | None:
         """The writes of this daemon's handles of `ino` on storage; (handle, length hint) when exactly one
         handle has a length to publish (the caller publishes it with its setattr), else None (all published
         here, as _publish_writes does). A write that failed is published as far as acknowledged, and raised."""
-        pending = [h for h in self._handles.values() if h.ino == ino and h.written_end > h.published_end]
+        pending = [h for h in self._handles_of(ino) if h.written_end > h.published_end]
         if len(pending) != 1 or pending[0].writer is None:
             await self._publish_writes(ino)
             return None
@@ -363,8 +369,8 @@ class ThreeFSOperations(pyfuse3.Operations):
     async def _publish_writes(self, ino: int) -> None:
         """The writes of this daemon's handles of `ino` on storage and their length published (3FS's
         sync_on_stat): meta's mtime and length are then those of the writes so far."""
-        for h in list(self._handles.values()):
-            if h.ino == ino and h.written_end > h.published_end:
+        for h in self._handles_of(ino):
+            if h.written_end > h.published_end:
                 await self._sync(h, end_session=False)
 
     @staticmethod
@@ -422,8 +428,8 @@ class ThreeFSOperations(pyfuse3.Operations):
 
     async def _truncate(self, ino: int, length: int, user) -> None:
         await self.end_deferred()
-        for h in list(self._handles.values()):
-            if h.ino == ino and h.writer is not None:
+        for h in self._handles_of(ino):
+            if h.writer is not None:
                 await h.writer.flush()  # written bytes land before the cut
         await self._changing_pages(ino)
         try:
@@ -432,14 +438,14 @@ class ThreeFSOperations(pyfuse3.Operations):
             await self._changing_pages(ino)  # a read-around that read before the cut stores nothing
         self._drop_read_ahead(ino)
         self._cached.pop(ino, None)
-        for h in self._handles.values():
-            if h.ino == ino:  # later hints refer to the new truncate version, and never reach past it
-                h.written_end = min(h.written_end, length)
-                h.published_end = min(h.published_end, length)
-                h.attr, h.truncated = attr, True
-                if h.writer is not None:
-                    h.writer.attr = attr
-                    h.writer.discard_before(length)
+        # later hints refer to the new truncate version, and never reach past it
+        for h in self._ino_handles.get(ino, ()):
+            h.written_end = min(h.written_end, length)
+            h.published_end = min(h.published_end, length)
+            h.attr, h.truncated = attr, True
+            if h.writer is not None:
+                h.writer.attr = attr
+                h.writer.discard_before(length)
 
     @fuse_errors
     async def readlink(self, inode, ctx):
@@ -637,11 +643,12 @@ class ThreeFSOperations(pyfuse3.Operations):
             writer = WriteBehind(self.aio, rsp.attr, seg, self.options.write_behind_bytes)
             self._writers[ino] += 1
         fh = next(self._fh)
-        self._handles[fh] = Handle(ino, rsp.attr, rsp.session, writer,
-                                   ReadAhead(self.aio, self._pool, seg, self.options.read_ahead_bytes,
-                                             reader=self._reader),
-                                   kill_privs=writer is not None and self.options.direct_io and ctx.uid != 0,
-                                   direct=direct)
+        h = self._handles[fh] = Handle(ino, rsp.attr, rsp.session, writer,
+                                       ReadAhead(self.aio, self._pool, seg, self.options.read_ahead_bytes,
+                                                 reader=self._reader),
+                                       kill_privs=writer is not None and self.options.direct_io and ctx.uid != 0,
+                                       direct=direct)
+        self._ino_handles.setdefault(ino, []).append(h)
         return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io,
                                 keep_cache=self._keep_cache(ino, rsp.attr))
 
@@ -835,7 +842,7 @@ class ThreeFSOperations(pyfuse3.Operations):
         has checked the descriptor is writable and flushed its cached pages of the range."""
         h = self._handles.get(fh)
         if h is None or h.ino != ino or h.writer is None:
-            h = next((x for x in self._handles.values() if x.ino == ino and x.writer is not None), None)
+            h = next((x for x in self._ino_handles.get(ino, ()) if x.writer is not None), None)
         if h is None:
             raise OSError(errno.EBADF, f"fallocate: inode {ino} has no handle open for writing")
         self.changed.forget(ino)  # the size or mtime moves: attributes kept from a setattr are stale
@@ -857,13 +864,15 @@ class ThreeFSOperations(pyfuse3.Operations):
             await self._truncate(ino, end, KERNEL_CHECKED)
 
     def _drop_read_ahead(self, ino: int) -> None:
-        for other in self._handles.values():
-            if other.ino == ino:
-                other.reader.drop()
+        for other in self._ino_handles.get(ino, ()):
+            other.reader.drop()
 
     async def _drain_inode(self, ino: int) -> None:
-        for h in list(self._handles.values()):
-            if h.ino == ino and h.writer is not None and h.writer.dirty:
+        handles = self._ino_handles.get(ino)
+        if handles is None:
+            return
+        for h in list(handles):
+            if h.writer is not None and h.writer.dirty:
                 await h.writer.flush()
 
     async def _land(self, h: Handle) -> Exception | None:
@@ -914,6 +923,13 @@ class ThreeFSOperations(pyfuse3.Operations):
             if h.written_end >= 0:  # what it wrote keeps counting in _length once the handle is gone
                 self._note_length(h.ino, h.attr.truncate_ver, max(h.written_end, h.attr.length))
             del self._handles[fh]
+            same = self._ino_handles.get(h.ino, [])
+            for i, other in enumerate(same):
+                if other is h:  # (by identity: a dataclass's == compares fields)
+                    del same[i]
+                    break
+            if not same:
+                self._ino_handles.pop(h.ino, None)
             if h.writer is not None:
                 self._writers[h.ino] -= 1
                 if self._writers[h.ino] <= 0:
