@@ -79,6 +79,23 @@ def test_a_second_miss_in_a_region_caches_the_whole_region(mdir, fs, rng):
         os.close(fd)
 
 
+def test_reads_as_large_as_the_window_are_read_alone_and_then_by_region(mdir, fs, rng):
+    """64 KiB random reads (a window's size: nothing around them to add) are read as asked, and the
+    second miss in a region reads the whole region, as smaller reads do."""
+    path, tpath = mdir
+    data = rng.randbytes(2 * MiB)
+    fs.write_bytes(f"{tpath}/f", data)
+    fd = os.open(f"{path}/f", os.O_RDONLY)
+    try:
+        assert os.pread(fd, WINDOW, 128 * KiB) == data[128 * KiB:128 * KiB + WINDOW]
+        assert os.pread(fd, WINDOW, MiB + 128 * KiB) == data[MiB + 128 * KiB:MiB + 128 * KiB + WINDOW]
+        assert cached_pages(f"{path}/f") == 2 * WINDOW // PAGE  # the pages read, nothing around them
+        assert os.pread(fd, WINDOW, 640 * KiB) == data[640 * KiB:640 * KiB + WINDOW]
+        assert cached_pages(f"{path}/f") == REGION // PAGE + WINDOW // PAGE
+    finally:
+        os.close(fd)
+
+
 def test_regions_off_keeps_to_windows(extra_mount, fs, rng):
     mnt = extra_mount(["--read-around-region-kb", "0"])
     fs.mkdir("/read-around-windows")

@@ -742,10 +742,12 @@ class ThreeFSOperations(pyfuse3.Operations):
             if random:  # a small read that continues nothing: read it alone, start no read-ahead
                 self.stats["random_reads"] += 1
                 around = self.options.read_around_bytes
-                if (around > n and not h.direct and not self.options.direct_io and off % PAGE_BYTES == 0
+                if (around > 0 and not h.direct and not self.options.direct_io and off % PAGE_BYTES == 0
                         and length <= self._around_file_max and not self._writers[h.ino]):
+                    # (a read as large as the window is read alone, but its miss counts for the region)
                     around = self._around_window(h.ino, off, around)
-                    return await self._read_around(h.ino, _with_length(h.attr, length), off, n, around)
+                    if around > n:
+                        return await self._read_around(h.ino, _with_length(h.attr, length), off, n, around)
                 return await self._read_alone(_with_length(h.attr, length), off, n)
             return await h.reader.read(_with_length(h.attr, length), off, n,
                                        asyncio.get_running_loop().call_soon)
