@@ -270,12 +270,22 @@ class ReadCoalescer:
         self.batches = 0  # storage calls made, and reads they carried (for the daemon's statistics)
         self.reads = 0
 
-    async def read_into(self, attr: m.InodeAttr, offset: int, dest: memoryview) -> int:
-        """Like AsyncClient.read_into: up to len(dest) bytes at offset, clamped to the file length."""
+    async def read_into(self, attr: m.InodeAttr, offset: int, dest: memoryview, alone: bool = False) -> int:
+        """Like AsyncClient.read_into: up to len(dest) bytes at offset, clamped to the file length.
+        `alone`: the caller knows no other read will join this one (FUSE's gate: nothing else in flight or
+        queued); unless one joined meanwhile, it goes to storage at once, in this task, as a batch of one."""
         n = max(0, min(len(dest), attr.length - offset))
         if n == 0:
             return 0
         items = await self._aio._read_items(attr, offset, dest[:n])
+        if alone and not self._pending:
+            self.batches += 1
+            self.reads += 1
+            await self._aio.storage.read(items)
+            for it in items:
+                if it.error is not None:
+                    raise it.error
+            return n
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         if not self._pending:
