@@ -35,3 +35,28 @@ def daemon_counters(proc, log: str, seen: int) -> tuple[dict, dict, dict]:
                          for label in ("requests served", "kernel requests", "meta calls"))
         time.sleep(0.05)
     raise AssertionError(f"the daemon logged no statistics within 30 s (see {log})")
+
+
+def run_on_daemon_ops(cluster, scenario, options=None) -> None:
+    """Run `await scenario(aio, ops, ctx)` against the daemon's operations without a kernel (the requests
+    called as pyfuse3 would): a ThreeFSOperations over a client of the shared cluster, and a request
+    context of this process's user. Closes both afterwards."""
+    import asyncio
+    import os
+    import types
+
+    from threefs.client.aio import AsyncClient
+    from threefs.client.fuse import MountOptions, ThreeFSOperations
+    from threefs.common.config import ClientConfig, load_toml
+
+    async def main() -> None:
+        aio = await AsyncClient(load_toml(str(cluster.client_config_path), ClientConfig)).start()
+        ops = ThreeFSOperations(aio, options or MountOptions())
+        ctx = types.SimpleNamespace(uid=os.getuid(), gid=os.getgid(), pid=os.getpid(), umask=0o022)
+        try:
+            await scenario(aio, ops, ctx)
+        finally:
+            ops._coalescer.close()
+            await aio.close()
+
+    asyncio.run(main())

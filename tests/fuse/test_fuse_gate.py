@@ -12,21 +12,17 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import types
 
-from threefs.client.aio import AsyncClient
-from threefs.client.fuse import FUSE_ROOT, GATE_IDLE_TURNS, MountOptions, ThreeFSOperations
-from threefs.common.config import ClientConfig, load_toml
+from fuse_helpers import run_on_daemon_ops
+
+from threefs.client.fuse import FUSE_ROOT, GATE_IDLE_TURNS
 
 
 def test_a_lone_read_goes_at_once_and_reads_behind_a_queue_go_together(cluster, d):
-    asyncio.run(_scenario(load_toml(str(cluster.client_config_path), ClientConfig), d.lstrip("/")))
+    run_on_daemon_ops(cluster, lambda aio, ops, ctx: _scenario(ops, ctx, d.lstrip("/")))
 
 
-async def _scenario(config: ClientConfig, dirname: str) -> None:
-    aio = await AsyncClient(config).start()
-    ops = ThreeFSOperations(aio, MountOptions())
-    ctx = types.SimpleNamespace(uid=os.getuid(), gid=os.getgid(), pid=os.getpid(), umask=0o022)
+async def _scenario(ops, ctx, dirname: str) -> None:
     queue_r, queue_w = os.pipe()
     data = random.Random(23).randbytes(4 << 20)
     try:
@@ -66,5 +62,3 @@ async def _scenario(config: ClientConfig, dirname: str) -> None:
     finally:
         os.close(queue_r)
         os.close(queue_w)
-        ops._coalescer.close()
-        await aio.close()
