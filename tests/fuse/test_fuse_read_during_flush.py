@@ -20,21 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-import types
 
-from threefs.client.aio import AsyncClient
-from threefs.client.fuse import FUSE_ROOT, MountOptions, ThreeFSOperations
-from threefs.common.config import ClientConfig, load_toml
+from fuse_helpers import run_on_daemon_ops
+
+from threefs.client.fuse import FUSE_ROOT, MountOptions
 
 
 def test_a_read_waits_for_a_flush_that_has_not_sent_its_bytes_yet(cluster, d):
-    asyncio.run(_scenario(load_toml(str(cluster.client_config_path), ClientConfig), d.lstrip("/")))
+    run_on_daemon_ops(cluster, lambda aio, ops, ctx: _scenario(aio, ops, ctx, d.lstrip("/")),
+                      MountOptions(writeback_cache=True))
 
 
-async def _scenario(config: ClientConfig, dirname: str) -> None:
-    aio = await AsyncClient(config).start()
-    ops = ThreeFSOperations(aio, MountOptions(writeback_cache=True))
-    ctx = types.SimpleNamespace(uid=os.getuid(), gid=os.getgid(), pid=os.getpid(), umask=0o022)
+async def _scenario(aio, ops, ctx, dirname: str) -> None:
     gate, sent = asyncio.Event(), []
     real_write_at = aio.write_at
 
@@ -75,5 +72,3 @@ async def _scenario(config: ClientConfig, dirname: str) -> None:
         await ops.end_deferred()
     finally:
         aio.write_at = real_write_at
-        ops._coalescer.close()
-        await aio.close()

@@ -282,16 +282,13 @@ class ReadCoalescer:
             self.batches += 1
             self.reads += 1
             await self._aio.storage.read(items)
-            for it in items:
-                if it.error is not None:
-                    raise it.error
-            return n
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        if not self._pending:
-            loop.call_soon(self._flush)
-        self._pending.append((items, fut))
-        await fut
+        else:
+            loop = asyncio.get_running_loop()
+            fut = loop.create_future()
+            if not self._pending:
+                loop.call_soon(self._flush)
+            self._pending.append((items, fut))
+            await fut
         for it in items:
             if it.error is not None:
                 raise it.error

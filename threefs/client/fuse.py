@@ -870,10 +870,7 @@ class ThreeFSOperations(pyfuse3.Operations):
             other.reader.drop()
 
     async def _drain_inode(self, ino: int) -> None:
-        handles = self._ino_handles.get(ino)
-        if handles is None:
-            return
-        for h in list(handles):
+        for h in self._handles_of(ino):
             if h.writer is not None and h.writer.dirty:
                 await h.writer.flush()
 
