@@ -15,6 +15,7 @@ import ctypes
 import importlib
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -224,6 +225,7 @@ async def _serve(config, mnt: str, options) -> None:
         raise
     finally:
         tuner.cancel()
+        _stop_watching()
         _log_stats(ops)
         await ops.release_all()
         try:
@@ -243,27 +245,93 @@ def _log_stats(ops) -> None:
 
 
 def _fast_wait_readable(pyfuse3_asyncio) -> None:
-    """pyfuse3's asyncio layer waits for /dev/fuse with add_reader + remove_reader (two epoll_ctl calls and a
-    loop wake-up) before every request. When requests are queued already (many in flight), a poll(2) says
-    so: then yield one loop turn (other tasks run; only the worker holding pyfuse3's read lock reads the
-    descriptor, so it stays readable) and go on. Otherwise wait as pyfuse3 does (which also lets
-    terminate() wake the waiter)."""
-    import select
-
-    original = pyfuse3_asyncio.wait_readable
-    polls: dict = {}
+    """pyfuse3's asyncio layer waits for /dev/fuse with add_reader + remove_reader (two epoll_ctl calls, a
+    handle and a callback) before every request. Here the descriptor stays registered with the loop while
+    a worker waits (only the worker holding pyfuse3's read lock waits, so there is at most one), and the
+    reader callback wakes it: a request costs no epoll change. The poll is level-triggered, so the callback
+    also fires while the woken worker has not read yet (one loop turn) and while every worker is busy with
+    requests queued in the kernel: the IDLE_FIRES_MAX-th such turn with no worker waiting since the last
+    one began to wait unregisters the descriptor (the requests wait in the kernel's queue, as before,
+    instead of the loop spinning on them), and the next waiter registers it again. The waiter's future is in pyfuse3's `_read_futures`, so
+    `pyfuse3.terminate()` wakes it as it would pyfuse3's own; `_stop_watching` ends the registration before
+    the session closes the descriptor."""
 
     async def wait_readable(fd) -> None:
-        p = polls.get(fd)
-        if p is None:
-            p = polls[fd] = select.poll()
-            p.register(fd, select.POLLIN)
-        if p.poll(0):
-            await asyncio.sleep(0)
-            return
-        await original(fd)
+        watch = _WATCHES.get(fd)
+        if watch is None:
+            watch = _WATCHES[fd] = _ReadableWatch(asyncio.get_running_loop(), fd)
+        await watch.wait(pyfuse3_asyncio._read_futures)
 
     pyfuse3_asyncio.wait_readable = wait_readable
+
+
+def _stop_watching() -> None:
+    for watch in _WATCHES.values():
+        watch.stop()
+    _WATCHES.clear()
+
+
+# A woken worker reads on the turn after the one that woke it, and the next worker waits a turn or two
+# later (pyfuse3's read lock changes hands): fewer turns than this with nobody waiting are that, not a
+# daemon whose workers are all busy.
+IDLE_FIRES_MAX = 3
+_WATCHES: dict[int, "_ReadableWatch"] = {}  # fd -> its watch (the daemon's one /dev/fuse session)
+
+
+class _ReadableWatch:
+    """One descriptor's readability for one waiter at a time (see _fast_wait_readable)."""
+
+    __slots__ = ("loop", "fd", "waiter", "registered", "idle", "_poll")
+
+    def __init__(self, loop, fd: int):
+        self.loop, self.fd = loop, fd
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
+        self.waiter: asyncio.Future | None = None
+        self.registered = False
+        self.idle = 0  # turns on which the descriptor was readable and nobody waited, since one last waited
+
+    def stop(self) -> None:
+        if self.registered:
+            self.registered = False
+            self.loop.remove_reader(self.fd)
+
+    def _readable(self) -> None:
+        waiter = self.waiter
+        if waiter is None:
+            self.idle += 1
+            if self.idle >= IDLE_FIRES_MAX:  # nobody waits (every worker busy): stop watching until one does
+                self.stop()
+            return
+        if not self._poll.poll(0):
+            # a readiness seen before the last worker read (a loop that runs its ready callbacks after its
+            # next poll, as asyncio's own does; uvloop runs them before): waking this worker would make it
+            # read an empty queue
+            return
+        self.waiter = None
+        if not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self, read_futures) -> None:
+        waiter = self.loop.create_future()
+        self.waiter = waiter
+        self.idle = 0
+        waiting = read_futures[self.fd]
+        waiting.add(waiter)
+        try:
+            if not self.registered:
+                self.loop.add_reader(self.fd, self._readable)
+                self.registered = True
+            await waiter
+        except BaseException:  # cancelled, or the session closing (terminate): leave nothing registered
+            self.stop()
+            raise
+        finally:
+            if self.waiter is waiter:
+                self.waiter = None
+            waiting.discard(waiter)
+            if not waiting:
+                read_futures.pop(self.fd, None)
 
 
 def _syncfs(mnt: str) -> None:
