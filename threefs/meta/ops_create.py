@@ -65,9 +65,11 @@ def require_name(parsed: ParsedPath, what: str) -> None:
                            f"inode, not an entry (give a parent inode and a name)")
 
 
-async def writable_parent(tr: Transaction, entry: Entry, user: UserCred, what: str) -> Inode:
-    """The directory that gets or loses a name, after checking the user may change it (write + search)."""
-    parent = await load_dir(tr, entry.dir_id)
+async def writable_parent(tr: Transaction, entry: Entry, user: UserCred, what: str,
+                          walker: Walker | None = None) -> Inode:
+    """The directory that gets or loses a name, after checking the user may change it (write + search).
+    `walker`: the walk that found `entry`, which may have read the directory's record already."""
+    parent = await (walker.dir_record(entry.dir_id) if walker is not None else load_dir(tr, entry.dir_id))
     require(user, schema.acl_of(parent), W | X, f"{what} (in {entry.display.rsplit('/', 1)[0] or '/'})")
     return parent
 
@@ -240,7 +242,7 @@ async def _create_file(
     walker: Walker, entry: Entry, mode: int, chunk_size: int, stripe: int, env: CreateEnv
 ) -> tuple[int, Inode]:
     tr = walker.tr
-    parent = await writable_parent(tr, entry, env.user, f"create {walker.path}")
+    parent = await writable_parent(tr, entry, env.user, f"create {walker.path}", walker)
     assert parent.layout is not None, f"directory {entry.dir_id} has no default layout"
     inode_id = env.take_inode()
     layout = file_layout(parent.layout, chunk_size, stripe, inode_id, env)
@@ -314,7 +316,7 @@ async def symlink(tr: Transaction, parsed: ParsedPath, target: str, env: CreateE
         raise status_error(StatusCode.EXISTS, f"file exists: {walker.path}")
     if parsed.trailing_slash:  # Linux: the new name would have to be a directory
         raise walker.not_found(walker.path)
-    parent = await writable_parent(tr, entry, walker.user, f"symlink {walker.path}")
+    parent = await writable_parent(tr, entry, walker.user, f"symlink {walker.path}", walker)
     inode_id = env.take_inode()
     uid, gid, _ = new_owner(env.user, schema.acl_of(parent), 0, False)
     inode = new_inode(SYMLINK, 0o777, env.now_ns, uid, gid, length=len(encode_name(target)),
@@ -346,7 +348,7 @@ async def mknod(tr: Transaction, parsed: ParsedPath, kind: int, mode: int, rdev:
         raise status_error(StatusCode.EXISTS, f"file exists: {walker.path}")
     if parsed.trailing_slash:
         raise walker.not_found(walker.path)
-    parent = await writable_parent(tr, entry, walker.user, f"mknod {walker.path}")
+    parent = await writable_parent(tr, entry, walker.user, f"mknod {walker.path}", walker)
     inode_id = env.take_inode()
     uid, gid, mode = new_owner(env.user, schema.acl_of(parent), mode & PERMISSION_BITS, False)
     inode = new_inode(kind, mode, env.now_ns, uid, gid, rdev=rdev if kind in (CHARDEV, BLOCKDEV) else 0)

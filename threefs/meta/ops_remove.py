@@ -57,11 +57,11 @@ async def _touch(tr: Transaction, parents: dict[int, Inode], now_ns: int) -> Non
 
 
 async def may_delete(
-    tr: Transaction, entry: Entry, victim_uid: int, user: UserCred, what: str
+    tr: Transaction, entry: Entry, victim_uid: int, user: UserCred, what: str, walker: Walker | None = None
 ) -> Inode:
     """Linux may_delete's permission part: write + search on the directory, then the sticky rule.
-    Returns the directory's record (for its times)."""
-    parent = await load_dir(tr, entry.dir_id)
+    Returns the directory's record (for its times; `walker`: the walk that found `entry` may have it)."""
+    parent = await (walker.dir_record(entry.dir_id) if walker is not None else load_dir(tr, entry.dir_id))
     acl = schema.acl_of(parent)
     require(user, acl, W | X, what)
     require_sticky(user, acl, victim_uid, what)
@@ -82,7 +82,7 @@ async def unlink(tr: Transaction, parsed: ParsedPath, user: UserCred, now_ns: in
         raise walker.not_a_directory(entry.display)
     inode_id = entry.dentry.inode
     inode = await walker.load(inode_id)
-    parent = await may_delete(tr, entry, inode.uid, user, f"unlink {walker.path}")
+    parent = await may_delete(tr, entry, inode.uid, user, f"unlink {walker.path}", walker)
     if entry.dentry.type == DIRECTORY:
         raise status_error(StatusCode.IS_DIRECTORY, f"is a directory: {walker.path} (use rmdir)")
     tr.clear(schema.dentry_key(entry.dir_id, entry.name))
@@ -112,7 +112,7 @@ async def rmdir(tr: Transaction, parsed: ParsedPath, user: UserCred, now_ns: int
         victim_uid = entry.dentry.uid
     else:
         victim_uid = (await walker.load(entry.dentry.inode)).uid
-    parent = await may_delete(tr, entry, victim_uid, user, f"rmdir {walker.path}")
+    parent = await may_delete(tr, entry, victim_uid, user, f"rmdir {walker.path}", walker)
     if entry.dentry.type != DIRECTORY:
         raise status_error(StatusCode.NOT_DIRECTORY, f"not a directory: {walker.path} (use unlink)")
     if not await is_empty_dir(tr, entry.dentry.inode):
@@ -135,7 +135,7 @@ async def remove(tr: Transaction, parsed: ParsedPath, recursive: bool, user: Use
     if not recursive or await is_empty_dir(tr, entry.dentry.inode):
         await rmdir(tr, parsed, user, now_ns)
         return False
-    parent = await may_delete(tr, entry, entry.dentry.uid, user, f"remove {walker.path}")
+    parent = await may_delete(tr, entry, entry.dentry.uid, user, f"remove {walker.path}", walker)
     inode_id = entry.dentry.inode
     tree = await walker.load(inode_id)
     hand_to_gc(tr, inode_id, tree, now_ns)

@@ -92,6 +92,7 @@ class Walker:
         self.snapshot = snapshot
         self.user = user
         self.symlinks_followed = 0
+        self._start_dir: tuple[int, Inode] | None = None  # the directory a relative walk began at, as read
 
     async def lookup(self, dir_id: int, name: str) -> Dentry | None:
         raw = await self.tr.get(schema.dentry_key(dir_id, name), snapshot=self.snapshot)
@@ -139,12 +140,23 @@ class Walker:
                 raise status_error(StatusCode.NOT_FOUND, f"no such file or directory: {self.path} "
                                    f"(directory inode {inode_id} was removed)")
             dentry = schema.dir_dentry(inode_id, inode)
+            self._start_dir = (inode_id, inode)
         else:
             if not self.snapshot:
                 self.tr.add_read_conflict_key(schema.inode_key(inode_id))
             dentry = Dentry(inode_id, inode.type)
         stack = _Stack([inode_id], [schema.acl_of(inode)], origin)
         return stack, Entry([inode_id], [], "", dentry, origin)
+
+    async def dir_record(self, dir_id: int) -> Inode:
+        """load_dir(dir_id) for an entry change: the record this walk read at its start when it began at
+        `dir_id` (the same snapshot read: a FUSE call names the directory by inode), handed out once; else
+        read now."""
+        started = self._start_dir
+        if started is not None and started[0] == dir_id:
+            self._start_dir = None
+            return started[1]
+        return await load_dir(self.tr, dir_id)
 
     async def walk_dirs(self, names: tuple[str, ...] | list[str], stack: _Stack) -> None:
         """Walk `names`, each of which must be a directory (or a symlink to one), pushing onto `stack`."""
