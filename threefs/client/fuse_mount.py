@@ -252,9 +252,9 @@ def _fast_wait_readable(pyfuse3_asyncio) -> None:
     also fires while the woken worker has not read yet (one loop turn) and while every worker is busy with
     requests queued in the kernel: the IDLE_FIRES_MAX-th such turn with no worker waiting since the last
     one began to wait unregisters the descriptor (the requests wait in the kernel's queue, as before,
-    instead of the loop spinning on them), and the next waiter registers it again. The waiter's future is in pyfuse3's `_read_futures`, so
-    `pyfuse3.terminate()` wakes it as it would pyfuse3's own; `_stop_watching` ends the registration before
-    the session closes the descriptor."""
+    instead of the loop spinning on them), and the next waiter registers it again. The waiter's future is
+    in pyfuse3's `_read_futures`, so `pyfuse3.terminate()` wakes it as it would pyfuse3's own;
+    `_stop_watching` ends the registration before the session closes the descriptor."""
 
     async def wait_readable(fd) -> None:
         watch = _WATCHES.get(fd)
