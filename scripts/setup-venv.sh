@@ -12,7 +12,7 @@ stamp=.venv/.threefs-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -U pip 2>&1 | grep -v "^WARNING: Location" || true
   .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,bench]" 2>&1 | grep -v "^WARNING: Location" || true
-  .venv/bin/python -c "import threefs, uvloop, msgspec, crc32c, pytest" 
+  .venv/bin/python -c "import threefs, uvloop, msgspec, crc32c, awscrt, pytest" 
   touch "$stamp"
 fi
 # FUSE mount support: pyfuse3 compiles against libfuse3 (~50 s once; scripts/setup-system.sh installs

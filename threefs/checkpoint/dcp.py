@@ -39,7 +39,6 @@ import io
 import uuid
 from dataclasses import dataclass
 
-import crc32c
 import numpy as np
 import torch
 from torch.distributed.checkpoint import metadata as _dcp_md
@@ -53,6 +52,7 @@ from torch.futures import Future
 from threefs.checkpoint import tensor_io
 from threefs.checkpoint.format import align_up, torch_dtype, torch_dtype_name
 from threefs.checkpoint.manager import CHUNK_SIZE_DEFAULT
+from threefs.common import crc32c
 from threefs.common.status import StatusCode, status_error
 
 METADATA = ".metadata"

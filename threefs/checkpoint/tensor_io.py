@@ -7,11 +7,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import crc32c
 import numpy as np
 
 from threefs.checkpoint.format import (TensorEntry, TreeEncoder, align_up, numpy_dtype, torch_dtype,
                                        torch_dtype_name)
+from threefs.common import crc32c
 from threefs.common import limits
 from threefs.common.buffers import aligned_buffer, prefault
 from threefs.common.status import StatusCode, status_error

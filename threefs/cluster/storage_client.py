@@ -14,11 +14,11 @@ import logging
 import struct
 from dataclasses import dataclass, field
 
-import crc32c
 import numpy as np
 
 from threefs.cluster.mgmtd_client import MgmtdClient
 from threefs.cluster.routing import Routing, serving_targets, write_targets
+from threefs.common import crc32c
 from threefs.common import limits
 from threefs.common.buffers import IO_BUFFER_ALIGN, BufferPool
 from threefs.common.status import StatusCode, ThreeFSError, status_error

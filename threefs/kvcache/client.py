@@ -30,8 +30,7 @@ import socket
 import threading
 import time
 
-import crc32c
-
+from threefs.common import crc32c
 from threefs.common import local_socket
 from threefs.common.spin import AnswerWait
 from threefs.common.status import StatusCode, ThreeFSError, status_error

@@ -329,7 +329,7 @@ class Checksum:
         if self.algorithm == "crc32":
             self.crc = zlib.crc32(data, self.crc)
         elif self.algorithm == "crc32c":
-            import crc32c
+            from threefs.common import crc32c
 
             self.crc = crc32c.crc32c(data, self.crc)
         else:

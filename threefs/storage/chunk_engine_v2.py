@@ -47,9 +47,9 @@ import threading
 import time
 from contextlib import contextmanager
 
-import crc32c
 import msgspec
 
+from threefs.common import crc32c
 from threefs.common.limits import CHUNK_SIZE_BYTES_MAX, MiB
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.storage import crc_math

@@ -8,9 +8,9 @@ from __future__ import annotations
 import errno
 import os
 
-import crc32c
 import msgspec
 
+from threefs.common import crc32c
 from threefs.common.limits import CHUNK_SIZE_BYTES_MAX, MiB
 from threefs.common.status import StatusCode, status_error
 

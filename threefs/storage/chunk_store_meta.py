@@ -34,9 +34,9 @@ from bisect import bisect_left
 from collections.abc import Collection, Iterator
 from itertools import islice
 
-import crc32c
 import msgspec
 
+from threefs.common import crc32c
 from threefs.common.limits import MiB
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 

@@ -23,8 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Container, Generator
 
-import crc32c
-
+from threefs.common import crc32c
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.cluster.routing import write_targets
 from threefs.rpc.schemas import mgmtd as ms

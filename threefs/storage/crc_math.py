@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import crc32c
+from threefs.common import crc32c
 
 POLY = 0x82F63B78  # CRC32C, reflected
 

@@ -13,8 +13,7 @@ import logging
 import os
 import shutil
 
-import crc32c
-
+from threefs.common import crc32c
 from threefs.common.status import StatusCode, status_error
 from threefs.storage.chunk_store_meta import MetaLog
 

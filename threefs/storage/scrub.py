@@ -14,9 +14,9 @@ import logging
 import time
 from dataclasses import dataclass
 
-import crc32c
 import msgspec
 
+from threefs.common import crc32c
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.cluster.routing import serving_targets
 from threefs.rpc.schemas import storage as ss

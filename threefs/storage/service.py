@@ -18,10 +18,9 @@ import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import crc32c
-
 from threefs.cluster.mgmtd_client import MgmtdClient
 from threefs.cluster.routing import Routing
+from threefs.common import crc32c
 from threefs.common.buffers import IO_BUFFER_ALIGN, BufferPool, Lease, align_up
 from threefs.common.config import ServiceConfig
 from threefs.common.health import Problems

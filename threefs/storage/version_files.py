@@ -14,8 +14,7 @@ import os
 import threading
 import weakref
 
-import crc32c
-
+from threefs.common import crc32c
 from threefs.common.limits import MiB
 from threefs.common.status import StatusCode, status_error
 from threefs.storage.chunk_state import crc_zeros, preadv_exact, pwritev_all

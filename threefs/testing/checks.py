@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import time
 
-import crc32c
-
+from threefs.common import crc32c
 from threefs.common.ids import chunk_id
 from threefs.common.layout import chain_of_chunk
 from threefs.rpc.schemas import mgmtd as ms

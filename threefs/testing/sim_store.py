@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import crc32c
-
+from threefs.common import crc32c
 from threefs.common.limits import CHUNK_SIZE_BYTES_MAX
 from threefs.common.status import StatusCode, status_error
 

@@ -26,9 +26,8 @@ import threading
 import time
 from pathlib import Path
 
-import crc32c
-
 from threefs.client.client import Client
+from threefs.common import crc32c
 from threefs.common.status import ThreeFSError
 
 FILES = 16  # files per files-thread

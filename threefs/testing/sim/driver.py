@@ -17,8 +17,7 @@ import heapq
 import random
 from dataclasses import dataclass, field
 
-import crc32c
-
+from threefs.common import crc32c
 from threefs.common.status import StatusCode, ThreeFSError, status_error
 from threefs.mgmtd.chain_state import admin_offline_effective, next_chain, sync_done_refusal
 from threefs.rpc.schemas import mgmtd as ms

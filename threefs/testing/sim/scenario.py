@@ -15,9 +15,8 @@ from __future__ import annotations
 import collections
 import random
 
-import crc32c
-
 from threefs.cluster.routing import serving_targets, write_targets
+from threefs.common import crc32c
 from threefs.mgmtd.chain_state import offline_refusal
 from threefs.rpc.schemas import mgmtd as ms
 from threefs.rpc.schemas import storage as ss
