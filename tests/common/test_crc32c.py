@@ -91,3 +91,11 @@ def test_bad_or_unavailable_choice_is_a_clear_error():
     r = _probe({"THREEFS_CRC32C": "awscrt"}, _NO_AWSCRT)
     assert r.returncode != 0
     assert "no usable CRC32C implementation (THREEFS_CRC32C=awscrt): awscrt: not installed" in r.stderr
+
+
+def test_a_buffer_over_2_gib():
+    # (lengths past INT_MAX: older bindings took an int; np.zeros maps the zero page, so this costs no memory)
+    big = np.zeros((2 << 30) + 4101, dtype=np.uint8)
+    big[-3:] = (1, 2, 3)
+    assert crc32c.crc32c(big) == icrar.crc32c(big)
+    assert crc32c.crc32c(big[5:], value=77) == icrar.crc32c(big[5:], 77)
