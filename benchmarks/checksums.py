@@ -114,7 +114,8 @@ def e2e(rounds: int, seconds: float) -> None:
                   f"{one['rand64k']['storage_us']:.1f} us CPU per IO", flush=True)
     print("medians                      crc32c     awscrt   awscrt/crc32c")
     for name, label, scale in (("seq", "sequential GB/s", 1e-9), ("rand64k", "random 64 KiB IO/s", 1)):
-        for key, what in (("rate", label), ("client_us", f"{name} client CPU us"), ("storage_us", f"{name} storage CPU us")):
+        for key, what in (("rate", label), ("client_us", f"{name} client CPU us"),
+                          ("storage_us", f"{name} storage CPU us")):
             a, b = (statistics.median(x[name][key] for x in got[impl]) * (scale if key == "rate" else 1)
                     for impl in IMPLEMENTATIONS)
             print(f"{what:<26} {a:10.2f} {b:10.2f}   {b / a:5.2f}x")

@@ -99,3 +99,15 @@ def test_a_buffer_over_2_gib():
     big[-3:] = (1, 2, 3)
     assert crc32c.crc32c(big) == icrar.crc32c(big)
     assert crc32c.crc32c(big[5:], value=77) == icrar.crc32c(big[5:], 77)
+
+
+_BROKEN_AWSCRT = _NO_AWSCRT.replace("raise ImportError('hidden by the test')", "raise OSError('a broken build')")
+
+
+def test_a_broken_awscrt_falls_back_or_says_so():
+    r = _probe({"THREEFS_CRC32C": "auto"}, _BROKEN_AWSCRT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["crc32c", str(crc32c.CHECK_VALUE)]
+    r = _probe({"THREEFS_CRC32C": "awscrt"}, _BROKEN_AWSCRT)
+    assert r.returncode != 0
+    assert "awscrt: cannot be loaded (OSError: a broken build)" in r.stderr

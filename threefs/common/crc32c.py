@@ -58,6 +58,9 @@ def _pick(choice: str):
         except ImportError as e:
             tried.append(f"{name}: not installed ({e})")
             continue
+        except Exception as e:  # (a broken install: its extension fails to load)
+            tried.append(f"{name}: cannot be loaded ({type(e).__name__}: {e})")
+            continue
         if fn(b"123456789") == CHECK_VALUE and fn(b"56789", value=fn(b"1234")) == CHECK_VALUE:
             return name, fn
         tried.append(f"{name}: wrong answer for the check value")
