@@ -15,8 +15,8 @@ checks each IO's crc32c on arrival and storage checksums every read and write, s
 path: sequential batch_read 1.07x, random 64 KiB 1.12x with awscrt (docs/storage.md, "Integrity").
 
 THREEFS_CRC32C=auto (default) | awscrt | crc32c picks one explicitly (e.g. to compare them); a named one
-that is not installed, or that does not give the known answer at import, is an error. `IMPLEMENTATION`
-names the one in use.
+that is not installed, fails to load or does not give the known answer at import is an error that says
+which (auto goes on to the next one). `IMPLEMENTATION` names the one in use.
 """
 
 from __future__ import annotations
