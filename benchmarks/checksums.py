@@ -54,14 +54,9 @@ def _time_calls(fn, view, reps: int) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-def _cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def child(seconds: float) -> None:
     """One round on a fresh cluster, in a process whose THREEFS_CRC32C the parent set; prints JSON."""
-    from benchmarks.common import local_cluster
+    from benchmarks.common import local_cluster, process_cpu_s
     from threefs.client.client import Client
     from threefs.common import crc32c
 
@@ -85,12 +80,12 @@ def child(seconds: float) -> None:
                         for k in range(4096)]
                 for name, items, unit in (("seq", seq, MiB), ("rand64k", rand, size)):
                     fs.batch_read(items)  # (warm: the chunks in storage's page cache, connections up)
-                    s0, c0, n, t0 = sum(map(_cpu_s, storage)), time.process_time(), 0, time.perf_counter()
+                    s0, c0, n, t0 = sum(map(process_cpu_s, storage)), time.process_time(), 0, time.perf_counter()
                     while time.perf_counter() - t0 < seconds:
                         fs.batch_read(items)
                         n += len(items)
                     wall = time.perf_counter() - t0
-                    s1, c1 = sum(map(_cpu_s, storage)), time.process_time()
+                    s1, c1 = sum(map(process_cpu_s, storage)), time.process_time()
                     out[name] = {"rate": n * unit / wall if name == "seq" else n / wall,
                                  "client_us": (c1 - c0) / n * 1e6, "storage_us": (s1 - s0) / n * 1e6}
     print(json.dumps(out))

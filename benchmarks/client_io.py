@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from refserver import IOS_PER_REQUEST, RefServers, default_transport  # noqa: E402
 from throughput import loopback_gbps  # noqa: E402
 
-from benchmarks.common import local_cluster  # noqa: E402
+from benchmarks.common import local_cluster, process_cpu_s  # noqa: E402
 from threefs.client.client import Client  # noqa: E402
 
 MiB = 1 << 20
@@ -89,11 +89,6 @@ def random_offsets(total: int, size: int, count: int, seed: int = 7) -> list[int
 STORAGE_PIDS: list[int] = []  # the cluster's storage processes (CPU per IO of the random batch reads)
 CPU_NOTES: list[str] = []
 ROUND_RATIOS: list[float] = []  # batch_read / loopback stream, measured back to back in each sequential round
-
-
-def process_cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def batch_random(fs: Client, path: str, total: int, size: int) -> float:

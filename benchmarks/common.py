@@ -29,3 +29,10 @@ def local_cluster(tmp: str, storage: int, replicas: int, fuse: bool, mount_args:
         if mnt:
             fuse_mount.stop(proc, mnt)
         cluster.down()
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -25,15 +25,11 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from benchmarks.common import process_cpu_s  # noqa: E402
 from threefs.cli.cluster import LocalCluster  # noqa: E402
 from threefs.client import fuse_mount  # noqa: E402
 
 MiB = 1 << 20
-
-
-def cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def disk_written() -> int:
@@ -73,11 +69,11 @@ def main() -> None:
                   f"{', files kept' if args.keep else ''}{', sync after each round' if args.sync else ''}")
             for r in range(args.rounds):
                 target = os.path.join(mnt, f"round{r}.bin")
-                c0, d0, t0 = {k: cpu_s(p) for k, p in pids.items()}, disk_written(), time.perf_counter()
+                c0, d0, t0 = {k: process_cpu_s(p) for k, p in pids.items()}, disk_written(), time.perf_counter()
                 subprocess.run(["dd", f"if={src}", f"of={target}", "bs=1M", f"count={args.mib}", "conv=fdatasync",
                                 "status=none"], check=True)
                 wall = time.perf_counter() - t0
-                c1, d1 = {k: cpu_s(p) for k, p in pids.items()}, disk_written()
+                c1, d1 = {k: process_cpu_s(p) for k, p in pids.items()}, disk_written()
                 cpu = "  ".join(f"{k} {c1[k] - c0[k]:.2f}" for k in pids)
                 print(f"round {r + 1}: {args.mib * MiB / wall / 1e6:6.0f} MB/s  {wall:5.2f} s  disks wrote "
                       f"{(d1 - d0) / MiB:5.0f} MiB  CPU s: {cpu}", flush=True)
