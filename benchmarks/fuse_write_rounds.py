@@ -1,6 +1,7 @@
 """dd writes through the FUSE mount round after round on one cluster: what each round costs, and why later rounds slow.
 
-    .venv/bin/python benchmarks/fuse_write_rounds.py [--mib 256] [--rounds 4] [--gc-delay 60] [--keep] [--sync]
+    .venv/bin/python benchmarks/fuse_write_rounds.py [--mib 256] [--rounds 4] [--gc-delay 60]
+                                                     [--keep] [--sync] [--local]
 
 One local cluster (3 storage services, R=3) and its mount. Each round writes a new `--mib` MiB file with
 `dd bs=1M conv=fdatasync` (as benchmarks/mount_battery.py's write row does), then removes it, and prints
@@ -12,6 +13,10 @@ chunks take new blocks of the storage data files, i.e. page-cache pages that did
 `--gc-delay 0` beside the default to see what reusing freed blocks (pages still cached) changes. `--keep`
 keeps every round's file; `--sync` runs sync(1) after each round (untimed), so that no writeback of
 earlier rounds runs during a round: what is left is the cost of the new page-cache pages themselves.
+`--local` adds the reference, in the same run: after each round, plain dd writes three times `--mib` MiB
+of new files (what the three replicas add to the page cache) into a local directory without fdatasync,
+timed (with `--sync`, sync(1) after them, untimed); they are kept to the end, so the page cache grows by
+them too: run it with `--keep --sync` to see plain dd slow down round after round as threefs does.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ def main() -> None:
     ap.add_argument("--gc-delay", type=float, default=60.0, help="meta_gc_delay_s of the cluster")
     ap.add_argument("--keep", action="store_true", help="keep each round's file (default: remove it)")
     ap.add_argument("--sync", action="store_true", help="sync(1) after each round, outside the timing")
+    ap.add_argument("--local", action="store_true", help="plain dd of as many new local bytes after each round")
     args = ap.parse_args()
     if fuse_mount.fuse_unavailable_reason() is not None:
         raise SystemExit(f"FUSE unavailable: {fuse_mount.fuse_unavailable_reason()}")
@@ -79,6 +85,15 @@ def main() -> None:
                       f"{(d1 - d0) / MiB:5.0f} MiB  CPU s: {cpu}", flush=True)
                 if not args.keep:
                     os.unlink(target)
+                if args.local:
+                    t0, lc0 = time.perf_counter(), os.times()
+                    for k in range(3):
+                        subprocess.run(["dd", f"if={src}", f"of={os.path.join(tmp, f'local{r}.{k}.bin')}", "bs=1M",
+                                        f"count={args.mib}", "status=none"], check=True)
+                    wall, lc1 = time.perf_counter() - t0, os.times()
+                    print(f"         plain dd, 3 x {args.mib} MiB of new local files: "
+                          f"{3 * args.mib * MiB / wall / 1e6:6.0f} MB/s  system CPU "
+                          f"{lc1.children_system - lc0.children_system:.2f} s", flush=True)
                 if args.sync:
                     subprocess.run(["sync"], check=True)
                 time.sleep(1)
